@@ -1,0 +1,9 @@
+"""`bench` sub-commands owned by this package. Import heavy modules inside each command."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's commands to the `bench` app."""
