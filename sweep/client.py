@@ -1,0 +1,268 @@
+"""The streaming OpenAI client: one shared aiohttp session, a tolerant SSE parser, one record per request.
+
+Timestamps are `time.perf_counter()` seconds. On Linux that is CLOCK_MONOTONIC, shared by every process on
+the machine, so records from several client processes (`--client-procs`) sit on one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
+SESSION_TIMEOUT_S = 6 * 3600
+
+
+@dataclass
+class ClientConfig:
+    url: str  # base URL ending in /v1
+    model: str
+    endpoint: str = "completions"  # "completions" | "chat"
+    api_key: str | None = None
+    ignore_eos: bool = True  # synthetic prompts: outputs must run to the requested length
+    temperature: float | None = None  # None: the server's default (vLLM no longer forces 0)
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint must be 'completions' or 'chat', got {self.endpoint!r}")
+        self.url = self.url.rstrip("/")
+
+    @property
+    def request_url(self) -> str:
+        return f"{self.url}/chat/completions" if self.endpoint == "chat" else f"{self.url}/completions"
+
+
+@dataclass
+class PromptRequest:
+    """One request to send: the synthesized prompt and its place on the schedule."""
+
+    index: int
+    prompt: str | None
+    messages: list[dict] | None
+    input_len: int  # requested (workload) lengths
+    output_len: int
+    intended_send_time: float = 0.0  # absolute perf_counter seconds
+
+
+@dataclass
+class RequestRecord:
+    """Everything measured for one request; field names are the results contract's."""
+
+    index: int
+    requested_input_len: int
+    requested_output_len: int
+    intended_send_time: float
+    send_time: float = 0.0
+    success: bool = False
+    error: str | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    end_time: float | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None  # usage, else the client's count
+    output_tokens: int | None = None  # usage, else the client's count
+    usage_prompt_tokens: int | None = None
+    usage_output_tokens: int | None = None
+    client_prompt_tokens: int | None = None
+    client_output_tokens: int | None = None
+    server_timing: dict | None = None
+    generated_text: str = ""  # kept in memory for re-tokenising, not written
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.send_time
+
+    @property
+    def e2el(self) -> float | None:
+        return None if self.last_token_time is None else self.last_token_time - self.send_time
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times[:-1], self.chunk_times[1:], strict=True)]
+
+    def to_row(self, label: str) -> dict[str, Any]:
+        row = asdict(self)
+        del row["generated_text"], row["usage_prompt_tokens"], row["usage_output_tokens"]
+        row.update(label=label, ttft=self.ttft, e2el=self.e2el, itl=self.itl)
+        return row
+
+
+class SSEParser:
+    """Incremental Server-Sent-Events parser: feed raw bytes, get complete `data` payloads.
+
+    Network chunks may split an event anywhere or carry several events; comment lines (`:` pings),
+    `event:`/`id:` fields and CRLF line endings are tolerated.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buffer += data
+        if b"\r" in self._buffer:  # a CRLF split across chunks joins up here on the next feed
+            self._buffer = self._buffer.replace(b"\r\n", b"\n")
+        payloads: list[str] = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+            lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+            if lines:
+                payloads.append(b"\n".join(lines).decode("utf-8"))
+        return payloads
+
+    def flush(self) -> list[str]:
+        """Whatever complete-looking event remains when the stream ends without a blank line."""
+        rest, self._buffer = self._buffer, b""
+        return self.feed(rest + b"\n\n") if rest.strip() else []
+
+
+def build_payload(config: ClientConfig, request: PromptRequest) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "model": config.model,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if config.endpoint == "chat":
+        payload["messages"] = request.messages or [{"role": "user", "content": request.prompt or ""}]
+        payload["max_completion_tokens"] = request.output_len
+    else:
+        payload["prompt"] = request.prompt if request.prompt is not None else _messages_text(request.messages)
+        payload["max_tokens"] = request.output_len
+    if config.ignore_eos:
+        payload["ignore_eos"] = True
+    if config.temperature is not None:
+        payload["temperature"] = config.temperature
+    return payload
+
+
+def _messages_text(messages: list[dict] | None) -> str:
+    return "\n".join(str(m.get("content", "")) for m in messages or [])
+
+
+def _choice_text(choice: dict) -> str:
+    if "text" in choice:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+
+
+def make_session(limit: int = 0) -> aiohttp.ClientSession:
+    """One session for a whole run: keep-alive connections, a large read buffer, no per-host cap."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=300, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=SESSION_TIMEOUT_S),
+        read_bufsize=READ_BUFSIZE,
+    )
+
+
+async def send_request(session: aiohttp.ClientSession, config: ClientConfig, request: PromptRequest) -> RequestRecord:
+    """Stream one request; never raises: failures land in `record.error` with their type."""
+    record = RequestRecord(
+        index=request.index,
+        requested_input_len=request.input_len,
+        requested_output_len=request.output_len,
+        intended_send_time=request.intended_send_time,
+    )
+    headers = {"Content-Type": "application/json"}
+    if config.api_key:
+        headers["Authorization"] = f"Bearer {config.api_key}"
+    body = json.dumps(build_payload(config, request))
+    text_parts: list[str] = []
+    previous_completion_tokens = 0
+    record.send_time = time.perf_counter()
+    try:
+        async with session.post(config.request_url, data=body, headers=headers) as response:
+            if response.status != 200:
+                detail = (await response.text())[:500]
+                record.error = f"HTTPStatus {response.status}: {detail}"
+                return record
+            parser = SSEParser()
+            done = False
+            async for raw in response.content.iter_any():
+                now = time.perf_counter()
+                for data in parser.feed(raw):
+                    if data.strip() == "[DONE]":
+                        done = True
+                        break
+                    message = json.loads(data)
+                    if "error" in message and not message.get("choices"):
+                        error = message["error"]
+                        detail = error.get("message", error) if isinstance(error, dict) else error
+                        record.error = f"ServerError: {detail}"
+                        return record
+                    if isinstance(message.get("servelab"), dict):
+                        record.server_timing = message["servelab"]
+                    usage = message.get("usage") or None
+                    if usage:
+                        record.usage_prompt_tokens = usage.get("prompt_tokens")
+                        record.usage_output_tokens = usage.get("completion_tokens")
+                    choices = message.get("choices")
+                    if not choices:
+                        continue  # the trailing usage-only chunk does not advance token time (vLLM)
+                    chunk_text = "".join(_choice_text(c) for c in choices)
+                    text_parts.append(chunk_text)
+                    if usage and usage.get("completion_tokens") is not None:
+                        tokens = usage["completion_tokens"] - previous_completion_tokens
+                        previous_completion_tokens = usage["completion_tokens"]
+                    else:
+                        tokens = 1 if chunk_text else 0
+                    if record.first_token_time is None:
+                        record.first_token_time = now
+                    record.last_token_time = now
+                    record.chunk_times.append(now)
+                    record.chunk_tokens.append(tokens)
+                if done:
+                    break
+            for data in parser.flush():
+                if data.strip() != "[DONE]":
+                    record.error = f"IncompleteStream: trailing unparsed event {data[:100]!r}"
+    except asyncio.CancelledError:
+        record.error = "Cancelled: the sweep was interrupted"
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        record.error = f"{type(e).__name__}: {e}"
+        return record
+    finally:
+        record.generated_text = "".join(text_parts)
+        if record.end_time is None:
+            record.end_time = time.perf_counter()
+    if record.error is None and record.first_token_time is None:
+        record.error = "EmptyResponse: the stream carried no choices"
+    record.success = record.error is None
+    return record
+
+
+def count_tokens(records: list[RequestRecord], tokenizer: Any | None, prompts: dict[int, PromptRequest]) -> None:
+    """Fill the client's re-tokenised counts and resolve `prompt_tokens`/`output_tokens` as vLLM does:
+    usage when the server returned it, else the client's count (else one token per chunk)."""
+    for record in records:
+        prompt = prompts.get(record.index)
+        if tokenizer is not None:
+            record.client_output_tokens = len(tokenizer.encode(record.generated_text, add_special_tokens=False))
+            if prompt is not None:
+                if prompt.prompt is not None:
+                    record.client_prompt_tokens = len(tokenizer.encode(prompt.prompt, add_special_tokens=False))
+                else:
+                    ids = tokenizer.apply_chat_template(prompt.messages, tokenize=True, add_generation_prompt=True)
+                    record.client_prompt_tokens = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        if record.usage_output_tokens:
+            record.output_tokens = record.usage_output_tokens
+        elif record.client_output_tokens:
+            record.output_tokens = record.client_output_tokens
+        else:
+            record.output_tokens = sum(record.chunk_tokens) or (1 if record.success else 0)
+        if record.usage_prompt_tokens is not None:
+            record.prompt_tokens = record.usage_prompt_tokens
+        elif record.client_prompt_tokens is not None:
+            record.prompt_tokens = record.client_prompt_tokens
+        else:
+            record.prompt_tokens = record.requested_input_len

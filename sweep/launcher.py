@@ -1,0 +1,158 @@
+"""Start an OpenAI server as a subprocess, wait for /health, shut it down cleanly.
+
+The built-in engine runs as `bench serve MODEL --port P --<knob> V ...` (vLLM's flag names). Any other
+server comes from a launch-command template such as `vllm serve {model} --port {port} --max-num-seqs
+{max_num_seqs}`: `{port}`, `{host}`, `{model}` and every knob are substituted. The log goes to a file (the
+run directory's server.log); a start that fails or times out raises with the log's tail.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOG_TAIL_LINES = 40
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def knob_flags(knobs: dict[str, Any]) -> list[str]:
+    """{'max_num_seqs': 8, 'enable_prefix_caching': False} -> ['--max-num-seqs', '8', '--no-enable-prefix-caching']"""
+    flags: list[str] = []
+    for name, value in knobs.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def builtin_command(model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "cli", "serve", model, "--host", host, "--port", str(port), *knob_flags(knobs)]
+
+
+def template_command(template: str, model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:
+    values = {k: ("true" if v is True else "false" if v is False else v) for k, v in knobs.items()}
+    try:
+        return shlex.split(template.format(model=model, host=host, port=port, **values))
+    except KeyError as e:
+        raise ValueError(f"launch template {template!r} names {e} but no such knob was given") from None
+
+
+@dataclass
+class ServerProcess:
+    command: list[str]
+    host: str
+    port: int
+    log_path: Path
+    health_timeout_s: float = 600.0
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def start(self) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {shlex.join(self.command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,  # its own process group: shutdown reaches any workers it forks
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.health_timeout_s
+        health = f"http://{self.host}:{self.port}/health"
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"the server exited with code {code} before it was healthy; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(health, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(
+            f"the server did not answer {health} within {self.health_timeout_s:.0f} s; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM the server's process group, then SIGKILL after `grace_s`; returns the exit code."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            return self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait()
+        except ProcessLookupError:
+            return self.process.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(
+    model: str,
+    knobs: dict[str, Any],
+    log_path: Path,
+    template: str | None = None,
+    host: str = "127.0.0.1",
+    health_timeout_s: float = 600.0,
+) -> ServerProcess:
+    """Build the command (built-in engine, or `template`) on a free port; `with launch(...) as server:`."""
+    port = free_port(host)
+    command = (
+        template_command(template, model, host, port, knobs) if template else builtin_command(model, host, port, knobs)
+    )
+    return ServerProcess(command=command, host=host, port=port, log_path=log_path, health_timeout_s=health_timeout_s)

@@ -1,0 +1,174 @@
+"""Point metrics, exactly as vLLM's `calculate_metrics` (vllm/benchmarks/serve.py) defines them.
+
+- TTFT and E2EL over successful requests; E2EL ends at the last token chunk (not the usage chunk or [DONE]).
+- TPOT per request = (e2el - ttft) / (output_tokens - 1), only for output_tokens > 1; statistics are
+  unweighted over requests.
+- ITL = every chunk gap of every successful request, pooled (long outputs dominate; with multi-token
+  chunks ITL is a delivery-smoothness measure, not decode speed).
+- Throughputs divide by the point's duration (first send to last finish, including ramp and drain).
+- Statistics: numpy mean / median / population std / linear-interpolated percentiles; empty lists give 0.
+- Goodput (vLLM `--goodput`): a request is good iff it succeeded and every given SLO holds
+  (`slo_ms / 1000 >= value`; requests with <= 1 output token have TPOT 0 and pass it).
+  `request_goodput` = good / duration; `slo_attainment` = good / (completed + failed), so failures are misses
+  (DistServe's attainment; AIPerf's `good_request_fraction`).
+
+Additions beyond vLLM (all optional fields of the results contract):
+- Queue-inclusive latency: `queued_ttft_ms` and `queued_e2el_ms` measured from the *intended* send time,
+  so a concurrency cap or a lagging client cannot hide queueing (coordinated omission, vllm#54101).
+- TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
+  `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
+  detokenisation and client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sweep.client import RequestRecord
+
+SLO_KEYS = ("ttft", "tpot", "e2el")
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+
+# Our (vLLM's) names -> the nearest quantity in AIPerf and GuideLLM. Never compare across tools by name alone:
+# GuideLLM's "time_per_output_token_ms" includes the first token, and AIPerf's "inter_token_latency" is our TPOT.
+NAME_MAP: dict[str, dict[str, str | None]] = {
+    "ttft_ms": {"aiperf": "time_to_first_token", "guidellm": "time_to_first_token_ms"},
+    "tpot_ms": {"aiperf": "inter_token_latency", "guidellm": "inter_token_latency_ms"},
+    "itl_ms": {"aiperf": "inter_chunk_latency", "guidellm": None},
+    "e2el_ms": {"aiperf": "request_latency", "guidellm": "request_latency"},
+    "request_throughput": {"aiperf": "request_throughput", "guidellm": "requests_per_second"},
+    "output_throughput": {"aiperf": "output_token_throughput", "guidellm": "output_tokens_per_second"},
+    "total_token_throughput": {"aiperf": "total_token_throughput", "guidellm": "tokens_per_second"},
+    "request_goodput": {"aiperf": "goodput", "guidellm": "request_goodput"},
+    "slo_attainment": {"aiperf": "good_request_fraction", "guidellm": "slo_attainment"},
+}
+
+
+def percentile_name(p: float) -> str:
+    """vLLM's field spelling: 99 -> 'p99', 99.9 -> 'p99.9'."""
+    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
+
+
+def parse_slo(text: str | None) -> dict[str, float] | None:
+    """'ttft=500,tpot=50' (or vLLM's 'ttft:500 tpot:50') -> {'ttft_ms': 500.0, 'tpot_ms': 50.0}."""
+    if not text:
+        return None
+    slo: dict[str, float] = {}
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        key, sep, value = item.replace(":", "=").partition("=")
+        key = key.strip().lower().removesuffix("_ms")
+        if not sep or key not in SLO_KEYS:
+            raise ValueError(f"bad SLO item {item!r}: use ttft=MS,tpot=MS,e2el=MS (any subset)")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"bad SLO value in {item!r}: milliseconds must be a number") from None
+        if ms < 0:
+            raise ValueError(f"SLO {key} must be >= 0 ms, got {ms}")
+        slo[f"{key}_ms"] = ms
+    return slo or None
+
+
+def _stats(prefix_values: dict[str, list[float]], percentiles: Sequence[float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, seconds in prefix_values.items():
+        ms = np.asarray(seconds or [0.0], dtype=float) * 1000.0
+        out[f"mean_{name}_ms"] = float(np.mean(ms))
+        out[f"median_{name}_ms"] = float(np.median(ms))
+        out[f"std_{name}_ms"] = float(np.std(ms))
+        for p in percentiles:
+            out[f"{percentile_name(p)}_{name}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
+def request_tpot(record: RequestRecord) -> float | None:
+    """vLLM's per-request TPOT in seconds; None for outputs of one token or fewer."""
+    if not record.success or not record.output_tokens or record.output_tokens <= 1:
+        return None
+    return (record.e2el - record.ttft) / (record.output_tokens - 1)  # type: ignore[operator]
+
+
+def is_good(record: RequestRecord, slo: dict[str, float]) -> bool:
+    if not record.success:
+        return False
+    values = {"ttft_ms": record.ttft, "tpot_ms": request_tpot(record) or 0.0, "e2el_ms": record.e2el}
+    return all(limit / 1000.0 >= values[key] for key, limit in slo.items())
+
+
+def ttft_decomposition(record: RequestRecord) -> tuple[float, float, float] | None:
+    """(queue, prefill, rest) seconds from the server's engine timing, or None when it is absent."""
+    timing = record.server_timing
+    if not record.success or not timing:
+        return None
+    try:
+        arrival, scheduled, first = timing["arrival_time"], timing["first_scheduled_time"], timing["first_token_time"]
+    except KeyError:
+        return None
+    if arrival is None or scheduled is None or first is None:
+        return None
+    queue, prefill = scheduled - arrival, first - scheduled
+    return queue, prefill, record.ttft - queue - prefill  # type: ignore[operator]
+
+
+def calculate_metrics(
+    records: Sequence[RequestRecord],
+    duration: float,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    slo: dict[str, float] | None = None,
+    queue_inclusive: bool = False,
+) -> dict[str, float | int | None]:
+    """One point's metrics under vLLM's field names. `records` must have token counts resolved."""
+    ok = [r for r in records if r.success]
+    failed = len(records) - len(ok)
+    output_lens = [r.output_tokens or 0 for r in ok]
+    total_input = sum(r.prompt_tokens or 0 for r in ok)
+    total_output = sum(output_lens)
+    tpots = [t for t in (request_tpot(r) for r in ok) if t is not None]
+    duration = max(duration, 1e-9)
+    metrics: dict[str, float | int | None] = {
+        "completed": len(ok),
+        "failed": failed,
+        "duration": duration,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": total_output / duration,
+        "total_token_throughput": (total_input + total_output) / duration,
+        "request_goodput": None,
+        "slo_attainment": None,
+    }
+    if slo:
+        good = sum(is_good(r, slo) for r in records)
+        metrics["request_goodput"] = good / duration
+        metrics["slo_attainment"] = good / len(records) if records else None
+    metrics.update(
+        _stats(
+            {
+                "ttft": [r.ttft for r in ok],  # type: ignore[misc]
+                "tpot": tpots,
+                "itl": [gap for r in ok for gap in r.itl],
+                "e2el": [r.e2el for r in ok],  # type: ignore[misc]
+            },
+            percentiles,
+        )
+    )
+    if queue_inclusive:
+        metrics.update(
+            _stats(
+                {
+                    "queued_ttft": [r.first_token_time - r.intended_send_time for r in ok],  # type: ignore[misc]
+                    "queued_e2el": [r.last_token_time - r.intended_send_time for r in ok],  # type: ignore[misc]
+                    "client_queue": [r.send_time - r.intended_send_time for r in records],
+                },
+                percentiles,
+            )
+        )
+    parts = [d for d in (ttft_decomposition(r) for r in ok) if d is not None]
+    if parts:
+        queue, prefill, rest = zip(*parts, strict=True)
+        metrics.update(_stats({"queue": list(queue), "prefill": list(prefill), "ttft_rest": list(rest)}, percentiles))
+    return metrics

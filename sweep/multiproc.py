@@ -1,0 +1,134 @@
+"""`--client-procs N`: shard one point's requests over N client processes on one shared absolute schedule.
+
+Request i goes to process i mod N; the concurrency cap is split as evenly as possible (so the total in flight
+never exceeds it). Every process sleeps to the same absolute `t0 + offset` deadlines: perf_counter is
+CLOCK_MONOTONIC on Linux, one clock for all processes, so their records merge on one time axis.
+The parent resets the prefix cache and runs the warm-ups while the children start up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sweep.client import ClientConfig, PromptRequest, RequestRecord, make_session
+from sweep.runner import PointSpec, dispatch, reset_prefix_cache
+
+READY_TIMEOUT_S = 120.0
+START_MARGIN_S = 0.2
+
+
+def split_concurrency(concurrency: int | None, procs: int) -> list[int | None]:
+    if concurrency is None:
+        return [None] * procs
+    return [concurrency // procs + (k < concurrency % procs) for k in range(procs)]
+
+
+def _child(
+    client: ClientConfig,
+    prompts: list[PromptRequest],
+    offsets: list[float],
+    concurrency: int | None,
+    duration: float | None,
+    conn: Connection,
+    counter: Any,
+) -> None:
+    def advance() -> None:
+        with counter.get_lock():
+            counter.value += 1
+
+    async def main() -> list[RequestRecord]:
+        async with make_session() as session:
+            conn.send("ready")
+            t0 = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+            stop_at = t0 + duration if duration is not None else None
+            return await dispatch(session, client, prompts, offsets, t0, concurrency, stop_at, advance)
+
+    try:
+        conn.send(("records", asyncio.run(main())))
+    except BaseException as e:  # report any failure to the parent instead of dying silently
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+def run_point_sharded(
+    client: ClientConfig,
+    spec: PointSpec,
+    prompts: list[PromptRequest],
+    offsets: list[float],
+    warmups: list[PromptRequest],
+    reset_cache: bool,
+    procs: int,
+    on_done: Callable[[], None] | None,
+) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
+    if spec.concurrency is not None:
+        procs = min(procs, spec.concurrency)
+    procs = max(1, min(procs, len(prompts)))
+    ctx = mp.get_context("spawn")
+    counter = ctx.Value("i", 0)
+    shares = split_concurrency(spec.concurrency, procs)
+    pipes, workers = [], []
+    for k in range(procs):
+        parent_end, child_end = ctx.Pipe()
+        worker = ctx.Process(
+            target=_child,
+            args=(client, prompts[k::procs], offsets[k::procs], shares[k], spec.duration, child_end, counter),
+            daemon=True,
+        )
+        worker.start()
+        child_end.close()
+        pipes.append(parent_end)
+        workers.append(worker)
+    try:
+        extras = asyncio.run(_prepare(client, spec, warmups, reset_cache))
+        for k, pipe in enumerate(pipes):
+            if not pipe.poll(READY_TIMEOUT_S):
+                raise RuntimeError(f"client process {k} did not start within {READY_TIMEOUT_S:.0f} s")
+            message = pipe.recv()
+            if message != "ready":
+                raise RuntimeError(f"client process {k} failed to start: {message[1]}")
+        t0 = time.perf_counter() + START_MARGIN_S
+        for pipe in pipes:
+            pipe.send(t0)
+        records: list[RequestRecord] = []
+        pending = dict(enumerate(pipes))
+        seen = 0
+        while pending:
+            for k, pipe in list(pending.items()):
+                if pipe.poll(0.05):
+                    kind, payload = pipe.recv()
+                    if kind == "error":
+                        raise RuntimeError(f"client process {k} failed: {payload}")
+                    records += payload
+                    del pending[k]
+            if on_done is not None:
+                while seen < counter.value:
+                    seen += 1
+                    on_done()
+    finally:
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
+    end = max((r.end_time or r.send_time for r in records), default=t0)
+    extras["client_procs"] = procs
+    return records, t0, end - t0, extras
+
+
+async def _prepare(
+    client: ClientConfig, spec: PointSpec, warmups: list[PromptRequest], reset_cache: bool
+) -> dict[str, Any]:
+    extras: dict[str, Any] = {}
+    async with make_session() as session:
+        if reset_cache:
+            extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
+        if warmups:
+            cap = min(spec.concurrency or len(warmups), len(warmups))
+            warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), cap, None)
+            extras["warmup_failed"] = sum(not r.success for r in warm)
+    return extras

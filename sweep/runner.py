@@ -1,0 +1,253 @@
+"""One sweep point: build its prompts, run warm-ups, send on an absolute schedule, resolve token counts.
+
+Closed loop (`concurrency`): every request is due at t0 (vLLM's rate=inf) and a semaphore keeps at most
+`concurrency` in flight. Open loop (`rate`): send offsets come from `workloads.arrivals` (gamma with
+`burstiness`, 1 = Poisson), slept to as absolute deadlines so the offered rate cannot drift (vllm#21104);
+an optional `max_concurrency` caps in-flight requests. With `duration`, nothing is sent after t0 + duration
+(in-flight requests finish and count). Warm-up prompts are synthesized with their own seed and salt, so they
+cannot seed the prefix cache for measured prompts, and are never recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from sweep.client import ClientConfig, PromptRequest, RequestRecord, count_tokens, make_session, send_request
+
+START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
+
+
+@dataclass
+class WorkloadConfig:
+    """The workload flags; passed to `workloads.load` unchanged."""
+
+    workload: str = "random"
+    input_len: int | None = 1024
+    output_len: int | None = 128
+    range_ratio: float = 0.0
+    max_model_len: int | None = None
+    fit_policy: str = "clip"
+    seed: int = 0
+    endpoint: str = "completions"
+
+
+@dataclass
+class PointSpec:
+    label: str
+    mode: str  # "concurrency" | "rate"
+    concurrency: int | None = None  # the cap: closed-loop streams, or an optional ceiling in rate mode
+    rate: float = math.inf
+    burstiness: float = 1.0
+    num_prompts: int | None = None
+    duration: float | None = None
+    num_warmups: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("concurrency", "rate"):
+            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
+        if self.mode == "concurrency" and (self.concurrency is None or self.concurrency < 1):
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.mode == "rate" and not self.rate > 0:
+            raise ValueError(f"request rate must be > 0, got {self.rate}")
+        if self.burstiness <= 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.num_prompts is None and self.duration is None:
+            raise ValueError("give --num-prompts or --duration for each point")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"duration must be > 0, got {self.duration}")
+
+    @property
+    def pool_size(self) -> int:
+        """Prompts to prepare: all of them, or in duration mode enough for the offered load."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        assert self.duration is not None
+        if self.mode == "rate" and math.isfinite(self.rate):
+            return max(1, math.ceil(self.rate * self.duration))
+        return DURATION_POOL_DEFAULT
+
+
+DURATION_POOL_DEFAULT = 1000  # closed loop with only --duration: the point also ends if these run out
+
+
+@dataclass
+class PointRun:
+    spec: PointSpec
+    records: list[RequestRecord]
+    prompts: list[PromptRequest]
+    specs: list[Any]  # workloads.RequestSpec, for fidelity
+    t0: float
+    duration: float
+    fit_report: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def build_prompts(
+    workload: WorkloadConfig, tokenizer: Any, n: int, salt: str, seed_offset: int = 0
+) -> tuple[list[Any], list[PromptRequest], Any]:
+    import workloads
+
+    specs = workloads.load(
+        workload.workload,
+        num_requests=n,
+        seed=workload.seed + seed_offset,
+        input_len=workload.input_len,
+        output_len=workload.output_len,
+        range_ratio=workload.range_ratio,
+        max_model_len=workload.max_model_len,
+        fit_policy=workload.fit_policy,
+    )
+    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+    synthesized = workloads.synthesize(
+        specs, tokenizer, endpoint=workload.endpoint, seed=workload.seed + seed_offset, salt=salt
+    )
+    prompts = [
+        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len)
+        for i, s in enumerate(synthesized)
+    ]
+    return specs, prompts, fit_report
+
+
+def send_offsets(spec: PointSpec, n: int) -> list[float]:
+    """Send times in seconds from t0 on an absolute schedule."""
+    if spec.mode == "concurrency" or math.isinf(spec.rate):
+        return [0.0] * n
+    import workloads
+
+    if spec.burstiness == 1.0:
+        return list(workloads.arrivals.poisson(spec.rate, n, seed=0))
+    return list(workloads.arrivals.gamma(spec.rate, spec.burstiness, n, seed=0))
+
+
+def schedule(spec: PointSpec, prompts: list[PromptRequest]) -> list[float]:
+    offsets = send_offsets(spec, len(prompts))
+    if spec.duration is not None and spec.mode == "rate":
+        kept = [o for o in offsets if o < spec.duration] or offsets[:1]
+        del prompts[len(kept) :]
+        offsets = kept
+    return offsets
+
+
+async def dispatch(
+    session: aiohttp.ClientSession,
+    client: ClientConfig,
+    prompts: list[PromptRequest],
+    offsets: list[float],
+    t0: float,
+    concurrency: int | None,
+    stop_at: float | None,
+    on_done: Callable[[], None] | None = None,
+) -> list[RequestRecord]:
+    """Send `prompts[i]` at `t0 + offsets[i]` (later if the concurrency cap is full); skip those not sent by
+    `stop_at`. Returns the records of the requests actually sent, in index order."""
+    semaphore = asyncio.Semaphore(concurrency) if concurrency else None
+
+    async def one(prompt: PromptRequest, offset: float) -> RequestRecord | None:
+        prompt.intended_send_time = t0 + offset
+        delay = prompt.intended_send_time - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if semaphore is not None:
+            await semaphore.acquire()
+        try:
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return None
+            record = await send_request(session, client, prompt)
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+        if on_done is not None:
+            on_done()
+        return record
+
+    results = await asyncio.gather(*(one(p, o) for p, o in zip(prompts, offsets, strict=True)))
+    return [r for r in results if r is not None]
+
+
+async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfig) -> bool:
+    """POST /reset_prefix_cache on the server root; False when the server does not offer it."""
+    root = client.url.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
+    try:
+        async with session.post(f"{root}/reset_prefix_cache", headers=headers) as response:
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def _run_point_async(
+    client: ClientConfig,
+    spec: PointSpec,
+    prompts: list[PromptRequest],
+    offsets: list[float],
+    warmups: list[PromptRequest],
+    reset_cache: bool,
+    on_done: Callable[[], None] | None,
+) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
+    extras: dict[str, Any] = {}
+    async with make_session() as session:
+        if reset_cache:
+            extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
+        if warmups:
+            warm_cap = min(spec.concurrency or len(warmups), len(warmups))
+            warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), warm_cap, None)
+            extras["warmup_failed"] = sum(not r.success for r in warm)
+        t0 = time.perf_counter() + START_DELAY_S
+        stop_at = t0 + spec.duration if spec.duration is not None else None
+        records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
+    end = max((r.end_time or r.send_time for r in records), default=t0)
+    return records, t0, end - t0, extras
+
+
+def run_point(
+    client: ClientConfig,
+    spec: PointSpec,
+    workload: WorkloadConfig,
+    tokenizer: Any,
+    salt: str,
+    reset_cache: bool = False,
+    client_procs: int = 1,
+    on_done: Callable[[], None] | None = None,
+) -> PointRun:
+    """Prepare, warm up and measure one point; token counts resolved, ready for `calculate_metrics`."""
+    specs, prompts, fit_report = build_prompts(workload, tokenizer, spec.pool_size, salt=f"{salt}-{spec.label}")
+    warmups: list[PromptRequest] = []
+    if spec.num_warmups:
+        _, warmups, _ = build_prompts(
+            workload, tokenizer, spec.num_warmups, salt=f"{salt}-{spec.label}-warmup", seed_offset=1_000_003
+        )
+    offsets = schedule(spec, prompts)
+    if client_procs > 1:
+        from sweep.multiproc import run_point_sharded
+
+        records, t0, duration, extras = run_point_sharded(
+            client, spec, prompts, offsets, warmups, reset_cache, client_procs, on_done
+        )
+    else:
+        records, t0, duration, extras = asyncio.run(
+            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done)
+        )
+    if spec.duration is not None and spec.num_prompts is None and len(records) == len(prompts):
+        extras["pool_exhausted"] = duration < spec.duration  # closed loop ran out of prompts before the end
+    by_index = {p.index: p for p in prompts}
+    count_tokens(records, tokenizer, by_index)
+    sent = {r.index for r in records}
+    return PointRun(
+        spec=spec,
+        records=sorted(records, key=lambda r: r.index),
+        prompts=[p for p in prompts if p.index in sent],
+        specs=[s for i, s in enumerate(specs) if i in sent],
+        t0=t0,
+        duration=duration,
+        fit_report=fit_report,
+        extras=extras,
+    )
