@@ -1,0 +1,130 @@
+"""Per-request block tables over the BlockPool, with prefix caching (vLLM v1's KVCacheManager).
+
+Invariants:
+- a request's block table only grows while it runs; it is released whole (tail first) on finish/preemption;
+- block i of a request holds the KV of token positions [i*block_size, (i+1)*block_size);
+- a block enters the prefix cache only once all its tokens' KV has been computed (after the step that
+  wrote them), so a hit never reads KV that a forward pass has yet to write.
+"""
+
+from __future__ import annotations
+
+from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_full_blocks
+from engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Hash chain of each request's full blocks, grown as tokens arrive; kept across preemption.
+        self.req_to_block_hashes: dict[str, list[BlockHash]] = {}
+        # How many leading blocks of each request are already registered in the prefix cache.
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0  # tokens looked up at admission (cumulative)
+        self.prefix_cache_hits = 0  # of those, tokens found in the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of a new request, in whole blocks, never covering its last token
+        (that token's logits must be computed). Returns the blocks and the number of tokens they hold."""
+        if not self.enable_caching:
+            return [], 0
+        token_ids = request.all_token_ids
+        hashes = self._block_hashes(request, token_ids)
+        max_hit_blocks = (len(token_ids) - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens (after `num_new_computed_tokens` prefix-cache hits
+        passed in as `new_computed_blocks`, and `num_lookahead_tokens` speculative slots).
+
+        Returns the newly allocated blocks, or None (and changes nothing) if the pool is short.
+        """
+        hits = new_computed_blocks or []
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_tokens_after = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_required = cdiv(num_tokens_after + num_lookahead_tokens, self.block_size) - len(blocks) - len(hits)
+        # Hits sitting in the free queue stop being allocatable once touched.
+        num_free_hits = sum(1 for block in hits if block.ref_cnt == 0)
+        if num_required > self.num_free_blocks() - num_free_hits:
+            return None
+        if self.enable_caching and request.num_computed_tokens == 0 and not blocks:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_new_computed_tokens
+        self.block_pool.touch(hits)
+        blocks = self.req_to_blocks.setdefault(request.request_id, blocks)
+        blocks.extend(hits)
+        new_blocks = self.block_pool.get_new_blocks(num_required) if num_required > 0 else []
+        blocks.extend(new_blocks)
+        if hits:
+            num_cached = self.num_cached_blocks.get(request.request_id, 0)
+            self.num_cached_blocks[request.request_id] = max(num_cached, len(hits))
+        return new_blocks
+
+    def cache_blocks(self, request: Request) -> None:
+        """Register the request's blocks that became full of computed KV (call after num_computed_tokens
+        has been advanced past a step)."""
+        if not self.enable_caching:
+            return
+        request_id = request.request_id
+        num_full = request.num_computed_tokens // self.block_size
+        start = self.num_cached_blocks.get(request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, request.all_token_ids[: num_full * self.block_size])
+        blocks = self.req_to_blocks[request_id]
+        for index in range(start, num_full):
+            self.block_pool.cache_full_block(blocks[index], hashes[index])
+        self.num_cached_blocks[request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, tail first. Cached ones stay reusable until evicted."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.block_pool.free_blocks(reversed(blocks))
+        self.num_cached_blocks.pop(request.request_id, None)
+        if request.is_finished:
+            self.req_to_block_hashes.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
+        known = self.req_to_block_hashes.get(request.request_id)
+        if known is not None and len(known) >= len(token_ids) // self.block_size:
+            return known
+        hashes = hash_full_blocks(token_ids, self.block_size, known)
+        self.req_to_block_hashes[request.request_id] = hashes
+        return hashes
