@@ -7,6 +7,7 @@ import typer
 import engine.commands
 import reports.commands
 import sweep.commands
+import sweep.tune.commands
 import workloads.commands
 
 app = typer.Typer(
@@ -16,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for package_commands in (engine.commands, workloads.commands, sweep.commands, reports.commands):
+for package_commands in (engine.commands, workloads.commands, sweep.commands, sweep.tune.commands, reports.commands):
     package_commands.register(app)
 
 

@@ -1,0 +1,142 @@
+"""`bench tune`: Optuna search over engine knobs for goodput under an SLO. Heavy imports stay inside the command."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _model_max_len(model: str) -> int | None:
+    try:
+        from engine.model_loader import load_hf_config, resolve_model
+
+        return int(load_hf_config(resolve_model(model)).get("max_position_embeddings") or 0) or None
+    except Exception:  # an external engine's model we cannot open here: no context-length filter
+        return None
+
+
+def default_study_name(model: str, workload: str, objective: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"tune-{Path(model).name}-{Path(workload).name}-{objective}")
+
+
+def best_commands(study: Any, model: str, launch_command: str | None) -> list[dict[str, Any]]:
+    """Each best trial as a ready `bench serve ...` command (and the filled external template)."""
+    from sweep.tune.space import fill_template, serve_command
+    from sweep.tune.study import best_trials
+
+    out = []
+    for trial in best_trials(study):
+        knobs = trial.user_attrs.get("knobs", trial.params)
+        run_dir = trial.user_attrs.get("run_dir")
+        out.append({
+            "number": trial.number, "values": trial.values, "knobs": knobs, "run_dir": run_dir,
+            "serve_command": serve_command(model, knobs),
+            "launch_command": fill_template(launch_command, model, knobs) if launch_command else None,
+            "metrics": trial.user_attrs.get("metrics", {}), "spread": trial.user_attrs.get("spread"),
+        })
+    return out
+
+
+def tune(
+    model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
+    slo: str = typer.Option(..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
+    attainment: float = typer.Option(0.9, help="Fraction of requests that must meet the SLO."),
+    objective: str = typer.Option("max-load", help="max-load | goodput | pareto."),
+    n_trials: int = typer.Option(20, help="Finished trials the study should hold (all workers together)."),
+    timeout: float | None = typer.Option(None, help="Stop starting trials after this many seconds."),
+    storage: str | None = typer.Option(None, help="Optuna RDB URL (postgresql://...); default SQLite in --output-dir."),
+    study_name: str | None = typer.Option(None, help="Study name; default derived from model, workload, objective."),
+    space: Path | None = typer.Option(None, help="YAML/JSON file overriding the search space."),
+    output_dir: Path = typer.Option(Path("results/tune"), help="Study DB, trial run directories, tune_report.html."),
+    workload: str = typer.Option("random", help="Workload: a shipped mix, fixed, random, or a trace file."),
+    input_len: int | None = typer.Option(256, help="Prompt tokens for fixed/random workloads."),
+    output_len: int | None = typer.Option(64, help="Output tokens for fixed/random workloads."),
+    num_prompts: int = typer.Option(32, help="Prompts per load point (at least the point's concurrency)."),
+    num_warmups: int = typer.Option(1, help="Warm-up prompts before each point (not measured)."),
+    endpoint: str = typer.Option("completions", help="completions | chat."),
+    seed: int = typer.Option(0, help="Workload and sampler seed."),
+    tokenizer: str | None = typer.Option(None, help="Tokenizer for prompt synthesis; default the model."),
+    concurrency: int | None = typer.Option(None, help="Closed loop: fixed load (goodput/pareto) or search start."),
+    request_rate: float | None = typer.Option(None, help="Open loop (req/s): fixed load or search start."),
+    max_load: float = typer.Option(64, help="max-load: the search never goes above this load."),
+    launch_command: str | None = typer.Option(None, help="External engine template, e.g. 'vllm serve {model} "
+                                              "--port {port} --max-num-seqs {max_num_seqs}'."),
+    repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
+    startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
+) -> None:
+    """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
+    import logging
+
+    import optuna
+    from rich.console import Console
+
+    from sweep.metrics import parse_slo
+    from sweep.tune.backend import EngineBackend, TrialWorkload
+    from sweep.tune.objective import ObjectiveSpec
+    from sweep.tune.report import render_best_sweep_report, write_report
+    from sweep.tune.space import DeviceInfo, SpaceError, build_space
+    from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
+
+    console = Console()
+    try:
+        slo_ms = parse_slo(slo)
+        if not slo_ms:
+            raise ValueError("--slo needs at least one of ttft, tpot, e2el")
+        if concurrency is not None and request_rate is not None:
+            raise ValueError("give --concurrency or --request-rate, not both")
+        mode = "rate" if request_rate is not None else "concurrency"
+        load = request_rate if request_rate is not None else (concurrency or (1 if objective == "max-load" else 8))
+        spec = ObjectiveSpec(kind=objective, attainment=attainment, load_mode=mode, load=load, min_load=load,
+                             max_load=max(max_load, load))
+        model_max_len = None if launch_command else _model_max_len(model)
+        longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
+        device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1))
+        search_space = build_space(device, space)
+    except (ValueError, SpaceError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    for note in search_space.notes:
+        console.print(f"[yellow]space:[/yellow] {note}")
+    console.print(f"searching {', '.join(search_space.names)}"
+                  + (f"; pinned {json.dumps(search_space.fixed)}" if search_space.fixed else ""))
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    url = storage_url(storage, output_dir)
+    name = study_name or default_study_name(model, workload, objective)
+    trial_workload = TrialWorkload(model=model, workload=workload, input_len=input_len, output_len=output_len,
+                                   num_prompts=num_prompts, num_warmups=num_warmups, endpoint=endpoint, seed=seed,
+                                   tokenizer=tokenizer, slo=slo_ms, load_mode=mode)
+    info = {"model": model, "workload": workload, "slo": slo_ms, "attainment": attainment, "objective": objective,
+            "load_mode": mode, "load": load, "launch_command": launch_command or "", "repeats": repeats}
+    optuna.logging.set_verbosity(logging.WARNING)
+    study = open_study(url, name, spec, seed, info)
+    backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
+    tune_objective = TuneObjective(search_space, spec, backend, output_dir, repeats=repeats,
+                                   model_max_len=model_max_len)
+    console.print(f"study [bold]{name}[/bold] in {url}")
+    run_study(study, tune_objective, n_trials=n_trials, timeout=timeout)
+
+    best = best_commands(study, model, launch_command)
+    if best and best[0]["run_dir"]:
+        try:
+            best[0]["sweep_report"] = render_best_sweep_report(str(Path(best[0]["run_dir"]) / "repeat0"), slo_ms)
+        except Exception as err:  # the tuning result stands without its sweep report; say why it is missing
+            console.print(f"[yellow]the best trial's sweep report failed:[/yellow] {err}")
+    (output_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+    report = write_report(study, output_dir, best)
+    if not best:
+        console.print("[red]no feasible configuration met the SLO[/red]")
+    for entry in best:
+        console.print(f"[bold]best[/bold] trial {entry['number']} {entry['values']}: {entry['serve_command']}")
+        if entry["launch_command"]:
+            console.print(f"  external: {entry['launch_command']}")
+        console.print(f"  run dir: {entry['run_dir']}")
+    console.print(f"report: {report}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

@@ -1,0 +1,145 @@
+"""What a trial optimises, computed from measured sweep points (vLLM point fields), and its pruning rule.
+
+Three objectives (see docs: tuning.md §b for the three meanings of "goodput"):
+- `max-load` (DistServe's definition): the largest concurrency (or rate) whose `slo_attainment` is at least the
+  target, found by bracketing then bisection; maximised.
+- `goodput` (vLLM's `request_goodput`): good requests per second at one fixed load; maximised, with
+  attainment >= target recorded as a soft constraint.
+- `pareto`: (`request_goodput`, `p90_ttft_ms`) at one fixed load; a two-objective study (maximise, minimise).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+OBJECTIVES = ("max-load", "goodput", "pareto")
+
+
+class Infeasible(RuntimeError):
+    """The configuration cannot run: the engine failed to start, ran out of memory or crashed."""
+
+
+@dataclass
+class ObjectiveSpec:
+    kind: str = "max-load"
+    attainment: float = 0.9
+    load_mode: str = "concurrency"  # "concurrency" (closed loop) or "rate" (open loop, req/s)
+    load: float = 8  # the fixed load of `goodput` and `pareto`
+    min_load: float = 1  # the max-load search starts here ...
+    max_load: float = 64  # ... and never goes above this
+    rate_precision: float = 0.1  # bisection on rates stops when the bracket is narrower than this fraction
+    pareto_ttft_metric: str = "p90_ttft_ms"
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.kind!r}")
+        if not 0.0 < self.attainment <= 1.0:
+            raise ValueError(f"attainment must be in (0, 1], got {self.attainment}")
+        if self.load_mode not in ("concurrency", "rate"):
+            raise ValueError(f"load mode must be 'concurrency' or 'rate', got {self.load_mode!r}")
+        if not 0 < self.min_load <= self.max_load:
+            raise ValueError(f"need 0 < min_load <= max_load, got {self.min_load}, {self.max_load}")
+
+    @property
+    def directions(self) -> list[str]:
+        return ["maximize", "minimize"] if self.kind == "pareto" else ["maximize"]
+
+    @property
+    def metric_names(self) -> list[str]:
+        return {"max-load": [f"max_{self.load_mode}_under_slo"], "goodput": ["request_goodput"],
+                "pareto": ["request_goodput", self.pareto_ttft_metric]}[self.kind]
+
+    def infeasible_values(self) -> list[float]:
+        """The pessimistic values an infeasible trial is told with, so the sampler learns to avoid it."""
+        if self.kind == "pareto":
+            return [0.0, 1e9]
+        return [0.0]
+
+    def passes(self, point: dict[str, Any]) -> bool:
+        attained = point.get("slo_attainment")
+        return attained is not None and not math.isnan(attained) and attained >= self.attainment
+
+
+@dataclass
+class Evaluation:
+    """One measurement of the objective: its values, the points it measured and the search's bracket."""
+
+    values: list[float]
+    points: list[dict[str, Any]] = field(default_factory=list)
+    bracket: tuple[float, float | None] | None = None  # (largest passing, smallest failing) for max-load
+
+
+MeasurePoint = Callable[[float], dict[str, Any]]
+
+
+def max_load_search(
+    spec: ObjectiveSpec, measure: MeasurePoint, on_point: Callable[[int, float, dict[str, Any]], None] | None = None
+) -> Evaluation:
+    """Largest load with attainment >= target, by the sweep's bracketing + bisection from `min_load` upwards.
+
+    `on_point(step, best_passing_load, point)` runs after each point and may raise to stop the search (the tuner
+    prunes there).
+    """
+    from sweep.search import SearchConfig, max_load_under_slo
+
+    points: list[dict[str, Any]] = []
+    passing = 0.0
+
+    def attainment(load: float) -> float:
+        nonlocal passing
+        point = measure(load)
+        points.append(point)
+        if spec.passes(point):
+            passing = max(passing, float(load))
+        if on_point is not None:
+            on_point(len(points) - 1, passing, point)
+        value = point.get("slo_attainment")
+        return 0.0 if value is None or math.isnan(value) else float(value)
+
+    config = SearchConfig(mode=spec.load_mode, start=spec.min_load, attainment=spec.attainment,
+                          max_value=spec.max_load, min_value=spec.min_load, rel_tolerance=spec.rate_precision)
+    result = max_load_under_slo(config, attainment)
+    best = float(result.best or 0.0)
+    return Evaluation(values=[best], points=points, bracket=(best, result.bracket[1]))
+
+
+def fixed_load_evaluation(spec: ObjectiveSpec, point: dict[str, Any]) -> Evaluation:
+    goodput = float(point.get("request_goodput") or 0.0)
+    if spec.kind == "pareto":
+        ttft = point.get(spec.pareto_ttft_metric)
+        if ttft is None or (isinstance(ttft, float) and math.isnan(ttft)):  # nothing completed
+            return Evaluation(values=spec.infeasible_values(), points=[point])
+        return Evaluation(values=[goodput, float(ttft)], points=[point])
+    return Evaluation(values=[goodput], points=[point])
+
+
+def evaluate(
+    spec: ObjectiveSpec, measure: MeasurePoint, on_point: Callable[[int, float, dict[str, Any]], None] | None = None
+) -> Evaluation:
+    if spec.kind == "max-load":
+        return max_load_search(spec, measure, on_point)
+    point = measure(spec.load)
+    if on_point is not None:
+        on_point(0, spec.load if spec.passes(point) else 0.0, point)
+    return fixed_load_evaluation(spec, point)
+
+
+def combine_repeats(evaluations: list[Evaluation]) -> tuple[list[float], list[float]]:
+    """Median of each objective over repeats, and its spread (max - min)."""
+    per_objective = list(zip(*(e.values for e in evaluations), strict=True))
+    medians = [float(statistics.median(v)) for v in per_objective]
+    spreads = [float(max(v) - min(v)) for v in per_objective]
+    return medians, spreads
+
+
+def attainment_violation(spec: ObjectiveSpec, evaluation: Evaluation) -> float:
+    """Soft-constraint value (<= 0 feasible): how far the objective's load misses the attainment target."""
+    if spec.kind == "max-load":
+        return 0.0 if evaluation.values[0] > 0 else spec.attainment
+    attained = [p.get("slo_attainment") for p in evaluation.points]
+    worst = min((a for a in attained if a is not None), default=0.0)
+    return max(0.0, spec.attainment - worst)

@@ -1,0 +1,327 @@
+"""The tuner's search space: one `Knob` declaration per engine knob, vLLM's names, `bench serve` flags.
+
+A new engine knob is one entry in `DEFAULT_KNOBS` (plus, for knobs that only exist in some engine versions,
+the engine config field it needs). Values the device or workload cannot use are dropped up front and the reason
+is kept in `SearchSpace.notes`, which the CLI prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+KNOB_KINDS = ("int", "float", "bool", "categorical")
+
+
+class SpaceError(ValueError):
+    """The search space (or a space file) is invalid; the message names the knob and the fix."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the tuner knows about the machine and the model before any trial starts."""
+
+    device: str = "cpu"  # "cpu" or "cuda"
+    num_devices: int = 1
+    model_max_len: int | None = None  # the model's context length, when known
+    min_model_len: int = 1  # the workload's longest prompt + output: shorter max_model_len cannot serve it
+    engine_fields: frozenset[str] = frozenset()  # every knob name the engine config dataclasses accept
+
+    @classmethod
+    def detect(cls, model_max_len: int | None = None, min_model_len: int = 1) -> DeviceInfo:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        return cls(
+            device="cuda" if cuda else "cpu",
+            num_devices=torch.cuda.device_count() if cuda else 1,
+            model_max_len=model_max_len,
+            min_model_len=min_model_len,
+            engine_fields=engine_knob_names(),
+        )
+
+
+def engine_knob_names() -> frozenset[str]:
+    """Every field of every `*Config` dataclass in engine/config.py: the knobs this engine version has."""
+    import engine.config as engine_config
+
+    names: set[str] = set()
+    for obj in vars(engine_config).values():
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__name__.endswith("Config"):
+            names.update(f.name for f in dataclasses.fields(obj))
+    return frozenset(names)
+
+
+@dataclass
+class Knob:
+    """One tunable engine knob. `choices` for bool/categorical, `low`/`high` (+`log`, `step`) for int/float."""
+
+    name: str
+    kind: str
+    choices: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    flag: str | None = None  # the `bench serve` flag; default `--<name with dashes>`
+    requires_field: str | None = None  # declared only when the engine config has this field
+    # Drops, in place, the values the device/workload cannot use; returns a message saying what and why, or None.
+    device_filter: Callable[[Knob, DeviceInfo], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KNOB_KINDS:
+            raise SpaceError(f"knob {self.name}: kind must be one of {KNOB_KINDS}, got {self.kind!r}")
+        if self.kind == "bool" and self.choices is None:
+            self.choices = [False, True]
+        if self.kind in ("bool", "categorical"):
+            if not self.choices:
+                raise SpaceError(f"knob {self.name}: needs a non-empty list of choices")
+        elif self.low is None or self.high is None or self.low > self.high:
+            raise SpaceError(f"knob {self.name}: needs low <= high, got low={self.low} high={self.high}")
+        elif self.log and self.low <= 0:
+            raise SpaceError(f"knob {self.name}: a log range needs low > 0, got {self.low}")
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.kind in ("bool", "categorical"):
+            return trial.suggest_categorical(self.name, self.choices)  # type: ignore[arg-type]
+        if self.kind == "int":
+            step = int(self.step or 1)
+            return trial.suggest_int(self.name, int(self.low), int(self.high), step=step, log=self.log)  # type: ignore[arg-type]
+        return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)  # type: ignore[arg-type]
+
+    def grid_values(self) -> list[Any]:
+        if self.choices is not None:
+            return list(self.choices)
+        if self.kind == "int":
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))  # type: ignore[arg-type]
+        raise SpaceError(f"knob {self.name}: a float range has no grid; give it choices")
+
+
+def _keep_choices(knob: Knob, keep: Callable[[Any], bool], why: str) -> str | None:
+    dropped = [c for c in knob.choices or [] if not keep(c)]
+    if not dropped:
+        return None
+    knob.choices = [c for c in knob.choices or [] if keep(c)]
+    return f"{knob.name}: excluded {dropped} ({why})"
+
+
+def _filter_max_model_len(knob: Knob, dev: DeviceInfo) -> str | None:
+    notes = [
+        _keep_choices(knob, lambda v: v is None or v >= dev.min_model_len,
+                      f"shorter than the workload's longest request, {dev.min_model_len} tokens"),
+    ]
+    if dev.model_max_len is not None:
+        notes.append(_keep_choices(knob, lambda v: v is None or v <= dev.model_max_len,
+                                   f"longer than the model's context length {dev.model_max_len}"))
+    return "; ".join(n for n in notes if n) or None
+
+
+def _filter_tensor_parallel(knob: Knob, dev: DeviceInfo) -> str | None:
+    return _keep_choices(knob, lambda v: v <= dev.num_devices, f"only {dev.num_devices} {dev.device} device(s)")
+
+
+def _filter_gpu_memory_utilization(knob: Knob, dev: DeviceInfo) -> str | None:
+    if dev.device == "cuda":
+        return None
+    knob.choices = []
+    return (f"{knob.name}: not tuned on {dev.device} (it sizes the KV cache from shared host RAM there); "
+            "the engine default is used")
+
+
+def _filter_quantization(knob: Knob, dev: DeviceInfo) -> str | None:
+    import engine.config as engine_config
+
+    supported = getattr(engine_config, "QUANTIZATION_METHODS", None)
+    if supported is None:
+        return None
+    return _keep_choices(knob, lambda v: v is None or v in supported, "not a quantization method this engine has")
+
+
+def default_knobs(dev: DeviceInfo) -> list[Knob]:
+    """The default space: sensible ranges for the device (small batches on a CPU, large on a GPU)."""
+    cuda = dev.device == "cuda"
+    return [
+        Knob("max_num_seqs", "categorical", choices=[16, 32, 64, 128, 256, 512] if cuda else [2, 4, 8, 16, 32]),
+        Knob("max_num_batched_tokens", "categorical",
+             choices=[1024, 2048, 4096, 8192, 16384] if cuda else [256, 512, 1024, 2048]),
+        Knob("enable_chunked_prefill", "bool"),
+        Knob("enable_prefix_caching", "bool"),
+        Knob("block_size", "categorical", choices=[8, 16, 32]),
+        Knob("gpu_memory_utilization", "categorical", choices=[0.7, 0.8, 0.9, 0.95],
+             device_filter=_filter_gpu_memory_utilization),
+        Knob("max_model_len", "categorical", device_filter=_filter_max_model_len,
+             choices=[None] if dev.model_max_len is None else sorted({dev.model_max_len // 4, dev.model_max_len // 2,
+                                                                      dev.model_max_len})),
+        Knob("tensor_parallel_size", "categorical", choices=[1, 2, 4, 8], requires_field="tensor_parallel_size",
+             device_filter=_filter_tensor_parallel),
+        Knob("quantization", "categorical", choices=[None, "fp8", "int8"], requires_field="quantization",
+             device_filter=_filter_quantization),
+        Knob("num_speculative_tokens", "categorical", choices=[0, 1, 2, 3, 4, 5],
+             requires_field="num_speculative_tokens"),
+    ]
+
+
+@dataclass
+class SearchSpace:
+    """The knobs that are searched, the knobs pinned to one value, and why anything was left out."""
+
+    knobs: list[Knob]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        params = {k.name: k.suggest(trial) for k in self.knobs}
+        return {**self.fixed, **params}
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+    def grid(self) -> dict[str, list[Any]]:
+        return {k.name: k.grid_values() for k in self.knobs}
+
+
+def known_constraint_violation(knobs: dict[str, Any], model_max_len: int | None) -> str | None:
+    """vLLM's static rules a configuration must meet before it is worth a launch (None when it meets them)."""
+    mnbt, mns = knobs.get("max_num_batched_tokens"), knobs.get("max_num_seqs")
+    if mnbt is not None and mns is not None and mnbt < mns:
+        return f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns})"
+    max_len = knobs.get("max_model_len") or model_max_len
+    if knobs.get("enable_chunked_prefill") is False and mnbt is not None and max_len is not None and mnbt < max_len:
+        return (f"max_num_batched_tokens ({mnbt}) must be >= max_model_len ({max_len}) "
+                "when chunked prefill is off")
+    return None
+
+
+def _load_space_file(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as err:  # PyYAML ships with optuna, but keep JSON usable without it
+            raise SpaceError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or write it as JSON") from err
+        data = yaml.safe_load(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SpaceError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise SpaceError(f"{path}: expected a mapping of knob name -> settings, got {type(data).__name__}")
+    return data.get("knobs", data)
+
+
+def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, spec: Any, dev: DeviceInfo) -> None:
+    if name not in knobs and name not in dev.engine_fields:
+        raise SpaceError(f"space file: unknown knob {name!r}; this engine has: {', '.join(sorted(dev.engine_fields))}")
+    if spec is None:  # removed from the space: the engine default applies
+        knobs.pop(name, None)
+    elif isinstance(spec, dict):
+        allowed = {"kind", "choices", "low", "high", "log", "step", "flag"}
+        if unknown := set(spec) - allowed - {"fixed"}:
+            raise SpaceError(f"space file: knob {name}: unknown setting(s) {sorted(unknown)}; use {sorted(allowed)}")
+        if "fixed" in spec:
+            knobs.pop(name, None)
+            fixed[name] = spec["fixed"]
+            return
+        base = knobs.get(name)
+        kind = spec.get("kind") or ("categorical" if "choices" in spec else None) or (base.kind if base else None)
+        if kind is None or (kind in ("int", "float") and "choices" in spec):
+            kind = "categorical" if "choices" in spec else "int"
+        settings = {k: v for k, v in spec.items() if k != "kind"}
+        if "choices" in settings:
+            settings.update(low=None, high=None)
+        elif {"low", "high"} & set(settings):
+            settings["choices"] = None
+        keep = {} if base is None else {k: getattr(base, k) for k in ("choices", "low", "high", "log", "step", "flag")}
+        keep.update(settings)
+        knobs[name] = Knob(name, kind, device_filter=base.device_filter if base else None, **keep)
+    else:  # a bare value pins the knob
+        knobs.pop(name, None)
+        fixed[name] = spec
+
+
+def build_space(dev: DeviceInfo, space_file: str | Path | None = None) -> SearchSpace:
+    """Default knobs for the device, overridden by the space file, minus what the device/engine cannot use."""
+    notes: list[str] = []
+    knobs: dict[str, Knob] = {}
+    for knob in default_knobs(dev):
+        if knob.requires_field and knob.requires_field not in dev.engine_fields:
+            continue  # the engine does not have this knob yet
+        knobs[knob.name] = knob
+    fixed: dict[str, Any] = {}
+    if space_file is not None:
+        path = Path(space_file)
+        if not path.is_file():
+            raise SpaceError(f"space file {path} does not exist")
+        for name, spec in _load_space_file(path).items():
+            _apply_override(knobs, fixed, name, spec, dev)
+    searched: list[Knob] = []
+    for knob in knobs.values():
+        if knob.device_filter is not None and (note := knob.device_filter(knob, dev)):
+            notes.append(note)
+        if knob.choices is not None and len(knob.choices) == 0:
+            continue
+        if knob.choices is not None and len(knob.choices) == 1:
+            if knob.choices[0] is not None:
+                fixed[knob.name] = knob.choices[0]
+            continue
+        searched.append(knob)
+    if not searched:
+        raise SpaceError("the search space is empty after excluding what this device cannot use: " + "; ".join(notes))
+    return SearchSpace(knobs=searched, fixed=fixed, notes=notes)
+
+
+def serve_args(knobs: dict[str, Any], space: SearchSpace | None = None) -> list[str]:
+    """The `bench serve` flags for a configuration (None values mean: engine default, no flag)."""
+    flags = {k.name: k.cli_flag for k in space.knobs} if space else {}
+    args: list[str] = []
+    for name, value in knobs.items():
+        if value is None:
+            continue
+        flag = flags.get(name) or "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def serve_command(model: str, knobs: dict[str, Any], extra: Sequence[str] = ()) -> str:
+    return shlex.join(["bench", "serve", "--model", model, *serve_args(knobs), *extra])
+
+
+def fill_template(template: str, model: str, knobs: dict[str, Any], port: int | None = None,
+                  host: str | None = None) -> str:
+    """Fill an external launch template such as `vllm serve {model} --max-num-seqs {max_num_seqs}`.
+
+    `{name}` is a knob's value (booleans: `true`/`false`), `{name_flag}` its vLLM-style flag (`--max-num-seqs 8`,
+    `--enable-prefix-caching`, `--no-enable-prefix-caching`), `{knob_flags}` every knob's flag, `{port}` the port the
+    tuner chose, `{host}` its address. Unknown placeholders are an error.
+    """
+    values: dict[str, Any] = {"model": model, "knob_flags": shlex.join(serve_args(knobs))}
+    if port is not None:
+        values["port"] = port
+    if host is not None:
+        values["host"] = host
+    for name, value in knobs.items():
+        values[name] = ("true" if value else "false") if isinstance(value, bool) else ("" if value is None else value)
+        values[f"{name}_flag"] = shlex.join(serve_args({name: value}))
+    try:
+        return template.format(**values)
+    except KeyError as err:
+        raise SpaceError(
+            f"launch template uses {{{err.args[0]}}}, which is neither the model, host, port nor a knob in the space "
+            f"({', '.join(sorted(values))})"
+        ) from err

@@ -1,0 +1,278 @@
+"""The Optuna study around the objective: storage, sampler, pruning, infeasible trials, repeats, resume, progress.
+
+- Storage: an SQLite file in the output directory by default (a killed study resumes with the same command), or
+  any Optuna RDB URL (`postgresql://...`) shared by N workers. Trials of a dead worker are failed and re-queued
+  with the same parameters: at once when the worker was on this machine, else by Optuna's heartbeat.
+- Infeasible configurations (known constraint broken, engine fails to start, OOM, crash) are COMPLETE trials with
+  pessimistic values, a violated `starts` constraint and their error as a user attribute: TPE learns from them.
+- `n_trials` is the study's total of finished trials, so rerunning the same command finishes the study.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.tune.backend import process_start, reap_orphan_engine
+from sweep.tune.objective import (
+    Evaluation,
+    Infeasible,
+    MeasurePoint,
+    ObjectiveSpec,
+    attainment_violation,
+    combine_repeats,
+    evaluate,
+)
+from sweep.tune.space import SearchSpace, known_constraint_violation
+
+HEARTBEAT_INTERVAL_S = 10
+GRACE_PERIOD_S = 60
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+class TrialBackend(Protocol):
+    """Starts an engine with a configuration and measures load points against it."""
+
+    def launch(self, knobs: dict[str, Any], trial_dir: Path) -> contextlib.AbstractContextManager[
+        Callable[[int], MeasurePoint]
+    ]:
+        """Start the engine (raise `Infeasible` if it cannot); yield `repeat index -> measure(load) -> point`."""
+        ...
+
+
+def storage_url(storage: str | None, output_dir: Path) -> str:
+    if storage is None:
+        return f"sqlite:///{(output_dir / 'tune.db').resolve()}"
+    if "://" not in storage:  # a plain path is an SQLite file
+        return f"sqlite:///{Path(storage).resolve()}"
+    return storage
+
+
+def open_storage(url: str) -> RDBStorage:
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    return RDBStorage(
+        url,
+        engine_kwargs=engine_kwargs,
+        heartbeat_interval=HEARTBEAT_INTERVAL_S,
+        grace_period=GRACE_PERIOD_S,
+        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+    )
+
+
+def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: dict[str, Any]) -> optuna.Study:
+    """Create the study, or load it when it exists (the same command resumes it)."""
+    storage = open_storage(url)
+    # One SQLite worker is reproducible from the seed; workers sharing a server need distinct seeds.
+    sampler_seed = seed if url.startswith("sqlite") else seed + os.getpid()
+    sampler = optuna.samplers.TPESampler(seed=sampler_seed)
+    # Max-load reports the largest passing load after each point: 0 after the first level means the config misses
+    # the SLO even at the lowest load, so it stops there. Pruners are single-objective only.
+    pruner: optuna.pruners.BasePruner = (
+        optuna.pruners.ThresholdPruner(lower=1e-9, n_warmup_steps=0) if spec.kind == "max-load"
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler, pruner=pruner,
+                                directions=spec.directions, load_if_exists=True)
+    if [d.name.lower() for d in study.directions] != spec.directions:
+        raise ValueError(f"study {study_name!r} exists with directions {study.directions}; this run needs "
+                         f"{spec.directions} ({spec.kind}); pick another --study-name")
+    if not study.metric_names:
+        study.set_metric_names(spec.metric_names)
+    for key, value in info.items():
+        if key not in study.user_attrs:
+            study.set_user_attr(key, value)
+    return study
+
+
+def worker_identity() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": process_start(os.getpid())}
+
+
+def recover_dead_local_trials(study: optuna.Study) -> list[int]:
+    """Fail RUNNING trials whose worker process on this machine is gone, and re-queue their parameters."""
+    here = socket.gethostname()
+    recovered = []
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if not worker or worker.get("host") != here:
+            continue
+        if process_start(worker["pid"]) is not None and process_start(worker["pid"]) == worker.get("start"):
+            continue  # still running
+        if run_dir := trial.user_attrs.get("run_dir"):
+            reap_orphan_engine(Path(run_dir))
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            study._storage.set_trial_user_attr(trial._trial_id, "error", f"worker {worker['pid']} died mid-trial")
+            if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                recovered.append(trial.number)
+                retry(study, study._storage.get_trial(trial._trial_id))
+    return recovered
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The best feasible trial (single objective) or the feasible Pareto front (two objectives)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if feasible(t)]
+    if not done:
+        return []
+    if len(study.directions) == 1:
+        sign = 1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        return [max(done, key=lambda t: (sign * t.values[0], -t.number))]
+    signs = [1 if d == optuna.study.StudyDirection.MAXIMIZE else -1 for d in study.directions]
+
+    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+        pa = [s * v for s, v in zip(signs, a.values, strict=True)]
+        pb = [s * v for s, v in zip(signs, b.values, strict=True)]
+        return all(x >= y for x, y in zip(pa, pb, strict=True)) and pa != pb
+
+    return [t for t in done if not any(dominates(o, t) for o in done)]
+
+
+class TuneObjective:
+    """The callable Optuna runs per trial."""
+
+    def __init__(self, space: SearchSpace, spec: ObjectiveSpec, backend: TrialBackend, output_dir: Path,
+                 repeats: int = 1, model_max_len: int | None = None) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self.space, self.spec, self.backend = space, spec, backend
+        self.output_dir, self.repeats, self.model_max_len = output_dir, repeats, model_max_len
+
+    def _infeasible(self, trial: optuna.Trial, reason: str) -> list[float]:
+        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("error", reason[-4000:])
+        trial.set_constraint("starts", 1.0)
+        trial.set_constraint("slo", self.spec.attainment)
+        return self.spec.infeasible_values()
+
+    def _on_point(self, trial: optuna.Trial, repeat: int) -> Callable[[int, float, dict[str, Any]], None]:
+        def on_point(step: int, best_passing: float, point: dict[str, Any]) -> None:
+            trial.set_user_attr(f"r{repeat}_point{step:02d}", _point_summary(point))
+            if repeat == 0 and len(self.spec.directions) == 1:
+                trial.report(best_passing, step)
+                if trial.should_prune():
+                    trial.set_user_attr("status", "pruned")
+                    trial.set_constraint("starts", -1.0)
+                    trial.set_constraint("slo", self.spec.attainment)
+                    raise optuna.TrialPruned(f"no load level met the SLO at attainment {self.spec.attainment}")
+        return on_point
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]:
+        knobs = self.space.suggest(trial)
+        trial.set_user_attr("worker", worker_identity())
+        trial.set_user_attr("knobs", knobs)
+        trial_dir = self.output_dir / "trials" / f"trial_{trial.number:04d}"
+        trial.set_user_attr("run_dir", str(trial_dir.resolve()))
+        if violation := known_constraint_violation(knobs, self.model_max_len):
+            values = self._infeasible(trial, f"known constraint: {violation}")
+            return values[0] if len(values) == 1 else values
+        evaluations: list[Evaluation] = []
+        try:
+            with self.backend.launch(knobs, trial_dir) as measure_for_repeat:
+                for repeat in range(self.repeats):
+                    evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
+        except Infeasible as err:
+            values = self._infeasible(trial, str(err))
+            return values[0] if len(values) == 1 else values
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:
+            trial.set_user_attr("status", "error")
+            trial.set_user_attr("error", "".join(traceback.format_exception(err))[-4000:])
+            raise
+        values, spreads = combine_repeats(evaluations)
+        trial.set_user_attr("status", "ok")
+        trial.set_user_attr("repeat_values", [e.values for e in evaluations])
+        trial.set_user_attr("spread", spreads)
+        decisive = _decisive_point(self.spec, evaluations[len(evaluations) // 2])
+        if decisive is not None:
+            trial.set_user_attr("metrics", {k: v for k, v in decisive.items() if _is_scalar(v)})
+        if evaluations[0].bracket is not None:
+            trial.set_user_attr("bracket", list(evaluations[0].bracket))
+        trial.set_constraint("starts", -1.0)
+        trial.set_constraint("slo", max(attainment_violation(self.spec, e) for e in evaluations))
+        return values[0] if len(values) == 1 else values
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (int, float, str, bool))
+
+
+def _point_summary(point: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in point.items() if _is_scalar(v)}
+
+
+def _decisive_point(spec: ObjectiveSpec, evaluation: Evaluation) -> dict[str, Any] | None:
+    """The point whose metrics the objective value stands for: the largest passing load for max-load."""
+    if spec.kind != "max-load":
+        return evaluation.points[0] if evaluation.points else None
+    passing = [p for p in evaluation.points if spec.passes(p)]
+    key = "max_concurrency" if spec.load_mode == "concurrency" else "request_rate"
+    return max(passing, key=lambda p: float(p.get(key) or 0)) if passing else None
+
+
+def finished_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+@contextlib.contextmanager
+def _progress(study: optuna.Study, n_trials: int, timeout: float | None) -> Iterator[Callable[..., None]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.monotonic()
+    done_at_start = finished_count(study)
+    with Progress(TextColumn("[bold]tune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}")) as progress:
+        task = progress.add_task("", total=n_trials, completed=done_at_start)
+
+        def update(study: optuna.Study, _trial: FrozenTrial | None = None) -> None:
+            done = finished_count(study)
+            elapsed = time.monotonic() - start
+            best = best_trials(study)
+            best_text = ("best " + ", ".join(f"{v:.4g}" for v in best[0].values) + f" (#{best[0].number})"
+                         if len(best) == 1 else f"{len(best)} on the Pareto front" if best else "no feasible trial yet")
+            per_trial = elapsed / max(done - done_at_start, 1)
+            left = per_trial * max(n_trials - done, 0) if done > done_at_start else None
+            if timeout is not None:
+                left = min(left, timeout - elapsed) if left is not None else timeout - elapsed
+            left_text = f"~{max(left, 0):.0f}s left" if left is not None else "time left: after the first trial"
+            progress.update(task, completed=done, description=f"{best_text} | {left_text}")
+
+        update(study)
+        yield update
+
+
+def run_study(study: optuna.Study, objective: TuneObjective, n_trials: int, timeout: float | None,
+              show_progress: bool = True) -> None:
+    """Run trials until the study holds `n_trials` finished trials (all workers together) or `timeout` passes."""
+    recover_dead_local_trials(study)
+    optuna.storages.fail_stale_trials(study)
+    if finished_count(study) >= n_trials:
+        return
+
+    def stop_when_done(study: optuna.Study, _trial: FrozenTrial) -> None:
+        running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if finished_count(study) + running >= n_trials:
+            study.stop()
+
+    progress = _progress(study, n_trials, timeout) if show_progress else contextlib.nullcontext(None)
+    with progress as update:
+        callbacks = [stop_when_done] + ([update] if update is not None else [])
+        study.optimize(objective, n_trials=None, timeout=timeout, callbacks=callbacks, catch=(Exception,))
