@@ -7,3 +7,6 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
+    from engine.entrypoints.cli import serve
+
+    app.command("serve")(serve)

@@ -1,0 +1,111 @@
+"""`bench serve`: flags under vLLM's names, start-up (port check, tokenizer, engine process), clean exits."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import typer
+
+logger = logging.getLogger("servelab.server")
+
+
+def serve(
+    model: str = typer.Option("smollm2-135m", help="Model alias, HF directory, .gguf file or hub id."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind (0.0.0.0 exposes the server to the network)."),
+    port: int = typer.Option(8000, help="Port to listen on; 0 picks a free one."),
+    api_key: str | None = typer.Option(
+        None, envvar="SERVELAB_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 and the tokenizer routes."
+    ),
+    served_model_name: str | None = typer.Option(None, help="Model name the API answers to (default: --model)."),
+    tokenizer: str | None = typer.Option(None, help="Tokenizer to use instead of the model's own."),
+    dtype: str | None = typer.Option(None, help="auto | float32 | bfloat16 | float16"),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda"),
+    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, help="Memory fraction for weights + activations + KV cache (CPU: of available RAM)."
+    ),
+    num_gpu_blocks_override: int | None = typer.Option(None, help="KV-cache size in blocks (skips memory sizing)."),
+    max_num_seqs: int | None = typer.Option(None, help="Most requests in one batch."),
+    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one engine step."),
+    enable_prefix_caching: bool | None = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prefixes."
+    ),
+    enable_chunked_prefill: bool | None = typer.Option(
+        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps."
+    ),
+    block_size: int | None = typer.Option(None, help="Tokens per KV block."),
+    seed: int | None = typer.Option(None, help="Engine seed."),
+    max_request_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body accepted (413 above)."),
+    shutdown_timeout: float = typer.Option(5.0, help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."),
+    log_level: str = typer.Option("info", help="debug | info | warning | error"),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
+    knobs: dict[str, Any] = {
+        "model": model, "tokenizer": tokenizer, "dtype": dtype, "device": device, "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+        "enable_prefix_caching": enable_prefix_caching, "enable_chunked_prefill": enable_chunked_prefill,
+        "block_size": block_size, "seed": seed,
+    }  # fmt: skip
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    code = run_server(
+        {k: v for k, v in knobs.items() if v is not None},
+        host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+        max_request_bytes=max_request_bytes, shutdown_timeout=shutdown_timeout,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+def _fail(message: str) -> int:
+    logger.error(message)
+    print(f"bench serve: error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
+    """Start everything, serve until a signal, shut down. Returns the process exit code."""
+    import asyncio
+
+    from engine.config import ConfigError, EngineConfig
+    from engine.entrypoints.api_server import Server, ServerConfig, bind_socket, serve
+    from engine.entrypoints.engine_client import EngineClient, EngineStartupError
+    from engine.entrypoints.metrics import ServerMetrics
+    from engine.tokenizer import ModelNotFoundError, get_tokenizer
+
+    try:
+        config = EngineConfig.from_kwargs(**knobs)
+        server_config = ServerConfig(**server_options)
+    except (ConfigError, ValueError) as error:
+        return _fail(str(error))
+    try:
+        sock = bind_socket(server_config.host, server_config.port)
+    except OSError as error:
+        return _fail(f"{error}; is another server running? pick another --port")
+    engine: EngineClient | None = None
+    try:
+        tokenizer = get_tokenizer(config.model_config.tokenizer or config.model_config.model)
+        served_name = server_config.served_model_name or config.model_config.model
+        metrics = ServerMetrics(served_name)
+        engine = EngineClient(config, metrics)
+        logger.info("loading %s in the engine process...", config.model_config.model)
+        info = engine.start()
+        host, port = sock.getsockname()[:2]
+        url_host = f"[{host}]" if ":" in host else host
+        startup_line = (
+            f"Serving {served_name} (model {info.model}, max_model_len {info.max_model_len}, KV cache "
+            f"{info.num_gpu_blocks} blocks x {info.block_size} = {info.kv_capacity_tokens} tokens) "
+            f"at http://{url_host}:{port}"
+        )
+        server = Server(engine, tokenizer, server_config, metrics)
+        asyncio.run(serve(server, sock, startup_line))
+        return 0
+    except (ModelNotFoundError, EngineStartupError) as error:
+        return _fail(f"cannot load model {config.model_config.model!r}: {error}")
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        sock.close()

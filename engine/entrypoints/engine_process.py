@@ -1,0 +1,148 @@
+"""The engine process: EngineCore's busy loop behind two multiprocessing queues (token ids only, no text).
+
+Messages in (API → engine):   ("add", Request) | ("abort", [request_id]) | ("utility", call_id, name) | ("shutdown",)
+Messages out (engine → API):  ("ready", EngineInfo) | ("startup_failed", message)
+                              | ("outputs", [EngineCoreOutput], SchedulerStats, engine_time)
+                              | ("request_error", request_id, message) | ("utility", call_id, result)
+Every forwarded output carries a snapshot of its request's RequestTiming (the core fills it in place), so the
+API process can report engine-side timing even for requests it ends itself (stop strings, disconnects).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import queue
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.request import Request
+
+_PARENT_CHECK_INTERVAL_S = 1.0
+
+
+@dataclass
+class EngineInfo:
+    """What the API process needs to know about the loaded engine."""
+
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    num_gpu_blocks: int
+    block_size: int
+    # Engine clock → Unix time: epoch_seconds = engine_monotonic + epoch_offset (measured in the engine process).
+    epoch_offset: float
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+def _num_gpu_blocks(core: Any) -> int:
+    for owner in (core, getattr(core, "scheduler", None), getattr(core, "kv_cache_manager", None)):
+        for name in ("num_gpu_blocks", "num_blocks"):
+            value = getattr(owner, name, None)
+            if isinstance(value, int):
+                return value
+    scheduler = getattr(core, "scheduler", None)
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    return int(getattr(manager, "num_blocks", None) or getattr(pool, "num_blocks", 0) or 0)
+
+
+def _engine_info(core: Any, config: EngineConfig) -> EngineInfo:
+    runner = getattr(core, "model_runner", None)
+    return EngineInfo(
+        model=config.model_config.model,
+        max_model_len=int(core.max_model_len),
+        vocab_size=int(getattr(runner, "vocab_size", 0) or getattr(core, "vocab_size", 0)),
+        eos_token_ids=list(core.eos_token_ids),
+        num_gpu_blocks=_num_gpu_blocks(core),
+        block_size=config.cache_config.block_size,
+        epoch_offset=time.time() - time.monotonic(),
+    )
+
+
+def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any) -> None:
+    """Process target. Ctrl-C goes to the whole process group: the API process owns shutdown, so ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from engine.engine_core import EngineCore
+
+        core = EngineCore(config)
+        info = _engine_info(core, core.config)
+    except Exception as error:  # noqa: BLE001 - any load failure is reported to the parent verbatim
+        output_queue.put(("startup_failed", f"{type(error).__name__}: {error}"))
+        return
+    output_queue.put(("ready", info))
+    _busy_loop(core, input_queue, output_queue)
+
+
+def _busy_loop(core: Any, input_queue: Any, output_queue: Any) -> None:
+    parent = multiprocessing.parent_process()
+    requests: dict[str, Request] = {}
+    last_parent_check = time.monotonic()
+    while True:
+        busy = core.has_unfinished_requests()
+        messages = []
+        try:
+            if not busy:
+                messages.append(input_queue.get(timeout=_PARENT_CHECK_INTERVAL_S))
+            while True:
+                messages.append(input_queue.get_nowait())
+        except queue.Empty:
+            pass
+        for message in messages:
+            if message[0] == "shutdown":
+                return
+            _handle(core, message, requests, output_queue)
+        if core.has_unfinished_requests():
+            outputs = core.step()
+            engine_time = time.monotonic()
+            for output in outputs:
+                request = requests.get(output.request_id)
+                if request is not None:
+                    if output.timing is None:
+                        output.timing = dataclasses.replace(request.timing)
+                    if output.finish_reason is not None:
+                        del requests[output.request_id]
+            output_queue.put(("outputs", outputs, core.get_stats(), engine_time))
+        elif messages:  # aborts and resets change the gauges even when nothing runs
+            output_queue.put(("outputs", [], core.get_stats(), time.monotonic()))
+        now = time.monotonic()
+        if now - last_parent_check > _PARENT_CHECK_INTERVAL_S:
+            last_parent_check = now
+            if parent is not None and not parent.is_alive():
+                return  # the API process died: never outlive it
+
+
+def _handle(core: Any, message: tuple, requests: dict[str, Request], output_queue: Any) -> None:
+    kind = message[0]
+    if kind == "add":
+        request: Request = message[1]
+        request.timing.arrival_time = time.monotonic()  # engine clock; the API stamped its own clock
+        try:
+            core.add_request(request)
+        except ValueError as error:
+            output_queue.put(("request_error", request.request_id, str(error)))
+            return
+        requests[request.request_id] = request
+    elif kind == "abort":
+        request_ids = [r for r in message[1] if r in requests]
+        for request_id in request_ids:
+            del requests[request_id]
+        if request_ids:
+            core.abort_requests(request_ids)
+    elif kind == "utility":
+        _, call_id, name = message
+        try:
+            result: Any = getattr(core, name)()
+        except Exception as error:  # noqa: BLE001 - reported to the caller
+            result = error
+        output_queue.put(("utility", call_id, result))
+    else:
+        raise ValueError(f"unknown engine message {kind!r}")

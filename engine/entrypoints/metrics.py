@@ -1,0 +1,116 @@
+"""Prometheus metrics under vLLM's names, each with the `model_name` label.
+
+Gauges and counters mirror the engine's SchedulerStats (counters advance by the change in the engine's
+cumulative totals). Latency histograms follow vLLM's interval rules: TTFT, inter-token latency and end-to-end
+latency are measured on the API process's clock, from the moment the request was received to the moment its
+tokens reached the API process; queue, prefill and decode times are differences of engine-clock stamps. Stamps
+from the two processes are never subtracted from each other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.outputs import SchedulerStats
+from engine.request import RequestTiming
+
+if TYPE_CHECKING:
+    from engine.entrypoints.engine_client import RequestStream
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py).
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0]  # fmt: skip
+_REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+
+# SchedulerStats cumulative field → counter name.
+_COUNTERS = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "num_preemptions": ("vllm:num_preemptions", "Cumulative number of preemptions."),
+    "num_prompt_tokens": ("vllm:prompt_tokens", "Number of prefill tokens processed."),
+    "num_generation_tokens": ("vllm:generation_tokens", "Number of generation tokens processed."),
+}
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution.")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.counters = {
+            field: Counter(name, doc, labels, registry=self.registry) for field, (name, doc) in _COUNTERS.items()
+        }
+        self.request_success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", [*labels, "finished_reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", _TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", _ITL_BUCKETS)
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.", _REQUEST_BUCKETS
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Time spent in the WAITING phase in seconds.", _REQUEST_BUCKETS
+        )
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "Time spent in the PREFILL phase in seconds.", _REQUEST_BUCKETS
+        )
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds", "Time spent in the DECODE phase in seconds.", _REQUEST_BUCKETS
+        )
+        self._last_stats = SchedulerStats()
+        for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage,
+                       *self.counters.values(), self.ttft, self.itl, self.e2e, self.queue_time,
+                       self.prefill_time, self.decode_time):  # fmt: skip
+            metric.labels(model_name)  # export every series from the start, at zero
+
+    def update_stats(self, stats: SchedulerStats) -> None:
+        name = self.model_name
+        self.num_requests_running.labels(name).set(stats.num_running_reqs)
+        self.num_requests_waiting.labels(name).set(stats.num_waiting_reqs)
+        self.kv_cache_usage.labels(name).set(stats.kv_cache_usage)
+        for field, counter in self.counters.items():
+            delta = getattr(stats, field) - getattr(self._last_stats, field)
+            if delta > 0:  # a prefix-cache reset may restart the engine's totals
+                counter.labels(name).inc(delta)
+        self._last_stats = stats
+
+    def observe_tokens(self, stream: RequestStream, now: float) -> None:
+        if stream.first_token_api_time is None:
+            self.ttft.labels(self.model_name).observe(now - stream.api_arrival)
+        elif stream.last_token_api_time is not None:
+            self.itl.labels(self.model_name).observe(now - stream.last_token_api_time)
+
+    def observe_finished(self, stream: RequestStream, timing: RequestTiming | None, finish_reason: str) -> None:
+        name = self.model_name
+        self.request_success.labels(name, finish_reason).inc()
+        if stream.last_token_api_time is not None:
+            self.e2e.labels(name).observe(stream.last_token_api_time - stream.api_arrival)
+        if timing is None:
+            return
+        if timing.first_scheduled_time is not None:
+            self.queue_time.labels(name).observe(max(0.0, timing.first_scheduled_time - timing.arrival_time))
+            if timing.first_token_time is not None:
+                self.prefill_time.labels(name).observe(max(0.0, timing.first_token_time - timing.first_scheduled_time))
+        if timing.first_token_time is not None and timing.finished_time is not None:
+            self.decode_time.labels(name).observe(max(0.0, timing.finished_time - timing.first_token_time))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
