@@ -1,0 +1,171 @@
+"""Paged attention in plain torch (CPU and GPU), built around two batched paths.
+
+KV cache layout per layer: [2, num_kv_heads, num_blocks, block_size, head_dim]. Heads lead so that
+gathering a sequence's blocks with `index_select` on dim 2 yields [kv_heads, ..., tokens, head_dim],
+already in the layout the batched matmuls of SDPA want (no transposed copy of K/V).
+
+* Decodes (query length 1) run as ONE SDPA call per layer: block tables are padded into a
+  [num_decodes, max_blocks] index, the KV is gathered into [kv_heads, num_decodes, max_blocks *
+  block_size, head_dim], and a length mask hides the padding. The query heads of one KV group are
+  folded into the query-length dimension ([kv_heads, num_decodes, group, head_dim]), so GQA needs no
+  repeated K/V.
+* Prefill chunks run one SDPA call per sequence: with no cached context the fresh K/V and
+  `is_causal=True`; with context (a later chunk or a prefix-cache hit) the sequence's gathered KV and
+  a causal mask offset by the context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class PrefillChunk:
+    token_start: int
+    num_tokens: int
+    seq_len: int  # context including this chunk
+    block_ids: torch.Tensor | None  # None: no cached context, attend to the fresh K/V only
+    mask: torch.Tensor | None  # [num_tokens, seq_len] bool, True = attend
+
+
+@dataclass
+class TorchAttentionMetadata(AttentionMetadata):
+    num_decodes: int = 0
+    decode_token_indices: torch.Tensor | None = None  # [num_decodes]; None when decodes are tokens 0..n-1
+    decode_block_ids: torch.Tensor | None = None  # [num_decodes * max_blocks] padded block tables
+    decode_mask: torch.Tensor | None = None  # [1, num_decodes, 1, max_blocks * block_size] bool
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    write_indices: torch.Tensor | None = None  # tokens whose slot is >= 0, when some are -1
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
+
+    def build_metadata(
+        self,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slot_mapping: torch.Tensor,
+        device: torch.device,
+    ) -> TorchAttentionMetadata:
+        bs = self.block_size
+        decode_tokens: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        start = 0
+        for query_len, seq_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
+            num_blocks = -(-seq_len // bs)
+            if len(table) < num_blocks:
+                raise ValueError(f"a sequence of {seq_len} tokens needs {num_blocks} blocks, got {len(table)}")
+            if query_len == 1:
+                decode_tokens.append(start)
+                decode_tables.append(table[:num_blocks])
+                decode_lens.append(seq_len)
+            elif seq_len == query_len:
+                prefills.append(PrefillChunk(start, query_len, seq_len, None, None))
+            else:
+                context = seq_len - query_len
+                rows = torch.arange(query_len, device=device)[:, None] + context
+                mask = torch.arange(seq_len, device=device)[None, :] <= rows
+                ids = torch.tensor(table[:num_blocks], dtype=torch.long, device=device)
+                prefills.append(PrefillChunk(start, query_len, seq_len, ids, mask))
+            start += query_len
+        metadata = TorchAttentionMetadata(num_tokens=start, slot_mapping=slot_mapping, prefills=prefills)
+        if bool((slot_mapping < 0).any()):
+            metadata.write_indices = (slot_mapping >= 0).nonzero().squeeze(1)
+        if decode_tokens:
+            max_blocks = max(len(t) for t in decode_tables)
+            padded = [t + t[:1] * (max_blocks - len(t)) for t in decode_tables]  # pad with a written block
+            lens = torch.tensor(decode_lens, device=device)
+            metadata.num_decodes = len(decode_tokens)
+            metadata.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device).view(-1)
+            metadata.decode_mask = (torch.arange(max_blocks * bs, device=device)[None, :] < lens[:, None])[
+                None, :, None, :
+            ]
+            if decode_tokens != list(range(len(decode_tokens))):
+                metadata.decode_token_indices = torch.tensor(decode_tokens, dtype=torch.long, device=device)
+        return metadata
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        assert isinstance(metadata, TorchAttentionMetadata)
+        if kv_cache is not None:
+            self._write_kv(k, v, kv_cache, metadata)
+        out = torch.empty_like(q)
+        if metadata.num_decodes:
+            self._decode(q, out, kv_cache, metadata)
+        for chunk in metadata.prefills:
+            self._prefill(q, k, v, out, kv_cache, chunk)
+        return out
+
+    def _write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, md: TorchAttentionMetadata) -> None:
+        flat = kv_cache.view(2, self.num_kv_heads, -1, self.head_dim)
+        slot_mapping = md.slot_mapping
+        if md.write_indices is not None:
+            k, v = k.index_select(0, md.write_indices), v.index_select(0, md.write_indices)
+            slot_mapping = slot_mapping.index_select(0, md.write_indices)
+        flat[0].index_copy_(1, slot_mapping, k.transpose(0, 1))
+        flat[1].index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+    def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[kv_heads, len(block_ids) * block_size, head_dim] for K and V of the given blocks."""
+        gathered = kv_cache.index_select(2, block_ids)
+        shape = (self.num_kv_heads, -1, self.head_dim)
+        return gathered[0].view(shape), gathered[1].view(shape)
+
+    def _decode(
+        self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor | None, md: TorchAttentionMetadata
+    ) -> None:
+        if kv_cache is None:
+            raise ValueError("decode tokens need a KV cache")
+        n, kvh, group = md.num_decodes, self.num_kv_heads, self.num_heads // self.num_kv_heads
+        idx = md.decode_token_indices
+        q_dec = q[:n] if idx is None else q.index_select(0, idx)
+        key, value = self._gather(kv_cache, md.decode_block_ids)  # type: ignore[arg-type]
+        key = key.view(kvh, n, -1, self.head_dim)
+        value = value.view(kvh, n, -1, self.head_dim)
+        q_dec = q_dec.view(n, kvh, group, self.head_dim).transpose(0, 1)  # [kvh, n, group, head_dim]
+        o = F.scaled_dot_product_attention(q_dec, key, value, attn_mask=md.decode_mask, scale=self.scale)
+        o = o.transpose(0, 1).reshape(n, self.num_heads, self.head_dim)
+        if idx is None:
+            out[:n] = o
+        else:
+            out.index_copy_(0, idx, o)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        chunk: PrefillChunk,
+    ) -> None:
+        s, e = chunk.token_start, chunk.token_start + chunk.num_tokens
+        q_seq = q[s:e].transpose(0, 1)  # [heads, tokens, head_dim]
+        if chunk.block_ids is None:
+            key, value = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
+            o = F.scaled_dot_product_attention(q_seq, key, value, is_causal=True, scale=self.scale, enable_gqa=True)
+        else:
+            if kv_cache is None:
+                raise ValueError("a prefill chunk with cached context needs a KV cache")
+            key, value = self._gather(kv_cache, chunk.block_ids)
+            key, value = key[:, : chunk.seq_len], value[:, : chunk.seq_len]
+            o = F.scaled_dot_product_attention(
+                q_seq, key, value, attn_mask=chunk.mask, scale=self.scale, enable_gqa=True
+            )
+        out[s:e] = o.transpose(0, 1)

@@ -1,0 +1,1 @@
+"""Reusable model layers: linear (TP/quantization-ready), rotary embedding, RMSNorm, activations."""

@@ -1,0 +1,235 @@
+"""The model runner: loads the model, owns the paged KV cache, and runs one forward pass per engine step.
+
+Device and dtype: `device=auto` is cuda when available, else cpu. `dtype=auto` is the checkpoint's
+torch_dtype on cuda (bfloat16 for converted GGUFs) and float32 on the CPU, where float32 is both the
+reference numerics and the precision the CPU benchmarks use.
+
+KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
+* cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
+  the KV cache gets `gpu_memory_utilization * total - peak - memory held by others`.
+* cpu: `gpu_memory_utilization * MemAvailable` (read after the weights are loaded) minus an estimate of
+  the activations at max_num_batched_tokens.
+Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use.
+
+Invariant: every slot the attention backend reads is finite. The cache is allocated uninitialised (on
+the CPU this leaves untouched pages uncommitted), and a block is zeroed when a step writes its first
+slot: a sequence enters a fresh block only at offset 0, and blocks shared through the prefix cache are
+full.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention import get_attention_backend
+from engine.config import ConfigError, EngineConfig
+from engine.model_loader import iter_safetensors, load_hf_config, resolve_model
+from engine.models import MODEL_REGISTRY, ArchConfig
+from engine.request import Request
+from engine.scheduler_output import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use --device cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    return checkpoint_dtype if device.type == "cuda" else torch.float32
+
+
+def _mem_available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def _token_slice(request: Request, start: int, count: int) -> list[int]:
+    """request.all_token_ids[start:start+count] without concatenating prompt and output lists."""
+    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
+    if start >= num_prompt:
+        return request.output_token_ids[start - num_prompt : start - num_prompt + count]
+    tokens = prompt[start : start + count]
+    if start + count > num_prompt:
+        tokens = tokens + request.output_token_ids[: start + count - num_prompt]
+    return tokens
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, attention_backend: str = "torch") -> None:
+        self.config = config
+        mc = config.model_config
+        self.device = resolve_device(mc.device)
+        self.model_path = resolve_model(mc.model)
+        hf_config = load_hf_config(self.model_path)
+        self.arch = ArchConfig.from_hf(hf_config)
+        self.dtype = resolve_dtype(mc.dtype, self.device, self.arch.torch_dtype)
+        config.finalize(self.arch.max_model_len)
+        assert mc.max_model_len is not None
+        self.max_model_len: int = mc.max_model_len
+        self.block_size = config.cache_config.block_size
+        self.vocab_size = self.arch.vocab_size
+        self.eos_token_ids = self._eos_token_ids()
+        torch.manual_seed(mc.seed)
+        with torch.device(self.device):
+            self.model = MODEL_REGISTRY[self.arch.architecture](self.arch, self.dtype, max_position=self.max_model_len)
+        self.model.load_weights(iter_safetensors(self.model_path))
+        self.model.eval()
+        arch = self.arch
+        self.attn_backend = get_attention_backend(attention_backend)(
+            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim, arch.head_dim**-0.5, self.block_size
+        )
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+
+    def _eos_token_ids(self) -> list[int]:
+        ids = list(self.arch.eos_token_ids)
+        generation_config = self.model_path / "generation_config.json"
+        if generation_config.is_file():
+            import json
+
+            eos = json.loads(generation_config.read_text()).get("eos_token_id")
+            for token in [eos] if isinstance(eos, int) else eos or []:
+                if token not in ids:
+                    ids.append(token)
+        return ids
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of KV one block holds across all layers."""
+        arch = self.arch
+        per_token = 2 * arch.num_key_value_heads * arch.head_dim * self.dtype.itemsize
+        return arch.num_hidden_layers * per_token * self.block_size
+
+    def determine_num_blocks(self) -> int:
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        if cc.num_gpu_blocks_override is not None:
+            num_blocks = cc.num_gpu_blocks_override
+        else:
+            budget = self._kv_budget_bytes()
+            blocks_per_seq = -(-self.max_model_len // self.block_size)
+            num_blocks = min(budget // self.block_bytes, sc.max_num_seqs * blocks_per_seq)
+            if num_blocks < blocks_per_seq:
+                raise ConfigError(
+                    f"the KV cache has room for {max(num_blocks, 0) * self.block_size} tokens, fewer than one "
+                    f"sequence of max_model_len={self.max_model_len}: lower --max-model-len, raise "
+                    "--gpu-memory-utilization, or set --num-gpu-blocks-override"
+                )
+        logger.info(
+            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %s)",
+            num_blocks,
+            self.block_size,
+            num_blocks * self.block_size,
+            num_blocks * self.block_bytes / 2**20,
+            self.device,
+        )
+        return int(num_blocks)
+
+    def _kv_budget_bytes(self) -> int:
+        utilization = self.config.cache_config.gpu_memory_utilization
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.profile_run()
+            torch.cuda.synchronize(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            held_by_others = total - free - torch.cuda.memory_reserved(self.device)
+            return int(total * utilization - peak - held_by_others)
+        return int(_mem_available_bytes() * utilization - self._cpu_activation_bytes())
+
+    def _cpu_activation_bytes(self) -> int:
+        arch, sc = self.arch, self.config.scheduler_config
+        tokens = sc.max_num_batched_tokens
+        per_token = 6 * arch.hidden_size + 3 * arch.intermediate_size
+        longest = min(tokens, self.max_model_len)
+        scores = arch.num_attention_heads * longest * longest
+        logits = min(tokens, sc.max_num_seqs) * arch.vocab_size
+        return (tokens * per_token + scores) * self.dtype.itemsize + logits * 4
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward pass at max_num_batched_tokens (fresh prefills, no KV cache) plus the sampling rows."""
+        sc = self.config.scheduler_config
+        remaining, query_lens = sc.max_num_batched_tokens, []
+        while remaining > 0 and len(query_lens) < sc.max_num_seqs:
+            query_lens.append(min(remaining, self.max_model_len))
+            remaining -= query_lens[-1]
+        num_tokens = sum(query_lens)
+        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in query_lens])
+        slots = torch.full((num_tokens,), -1, dtype=torch.long, device=self.device)
+        tables = [[0] * -(-n // self.block_size) for n in query_lens]
+        metadata = self.attn_backend.build_metadata(query_lens, query_lens, tables, slots, self.device)
+        self.model.bind_kv_caches(None)
+        hidden = self.model(input_ids, positions, self.attn_backend, metadata)
+        self.model.compute_logits(hidden[: min(num_tokens, sc.max_num_seqs)])
+        if self.kv_caches:
+            self.model.bind_kv_caches(self.kv_caches)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        shape = self.attn_backend.kv_cache_shape(num_blocks)
+        self.kv_caches = [
+            torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)
+        ]
+        self.num_blocks = num_blocks
+        self.model.bind_kv_caches(self.kv_caches)
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        """One forward pass over every scheduled token; float32 logits of the sampling requests, in order."""
+        if not self.kv_caches:
+            raise RuntimeError("initialize_kv_cache must run before execute_model")
+        input_ids: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        flat_block_ids: list[int] = []
+        sample_rows: list[int] = []
+        for scheduled in scheduler_output.scheduled:
+            request, num_new = scheduled.request, scheduled.num_scheduled_tokens
+            computed = request.num_computed_tokens
+            input_ids += _token_slice(request, computed, num_new)
+            query_lens.append(num_new)
+            context_lens.append(computed)
+            block_tables.append(scheduled.block_ids)
+            flat_block_ids += scheduled.block_ids
+            if computed + num_new >= request.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+        device, bs = self.device, self.block_size
+        num_tokens = len(input_ids)
+        q_lens = torch.tensor(query_lens)
+        # positions: for token t of request r, context_lens[r] + (t - first token of r)
+        seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
+        first_token = torch.cumsum(q_lens, 0) - q_lens
+        positions = torch.arange(num_tokens) - (first_token - torch.tensor(context_lens))[seq_index]
+        table_starts = torch.tensor([0] + [len(t) for t in block_tables[:-1]]).cumsum(0)
+        blocks = torch.tensor(flat_block_ids)[table_starts[seq_index] + torch.div(positions, bs, rounding_mode="floor")]
+        slot_mapping = blocks * bs + positions % bs
+        self._zero_entered_blocks(blocks[positions % bs == 0])
+        seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
+        metadata = self.attn_backend.build_metadata(query_lens, seq_lens, block_tables, slot_mapping.to(device), device)
+        hidden = self.model(
+            torch.tensor(input_ids, device=device), positions.to(device), self.attn_backend, metadata
+        )
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
+        return self.model.compute_logits(hidden.index_select(0, rows)).float()
+
+    def _zero_entered_blocks(self, block_ids: torch.Tensor) -> None:
+        if block_ids.numel() == 0:
+            return
+        block_ids = block_ids.to(self.device)
+        for cache in self.kv_caches:
+            cache.index_fill_(2, block_ids, 0)

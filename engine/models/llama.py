@@ -1,0 +1,178 @@
+"""Llama-family decoder (Llama incl. llama3/linear RoPE scaling, Mistral, Qwen2 with QKV bias).
+
+Tokens of all sequences in a step are flattened into one [num_tokens, hidden] batch; attention is the
+only place sequences interact, and it goes through the attention backend with the step's metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.layers.activation import SiluAndMul
+from engine.layers.layernorm import RMSNorm
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.models.arch_config import ArchConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, config.qkv_bias, dtype
+        )
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, config.o_proj_bias, dtype)
+        self.rotary_emb = rotary  # shared by all layers
+        self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, backend: AttentionBackend, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        out = backend.forward(q, k, v, self.kv_cache, metadata)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ArchConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], config.mlp_bias, dtype)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, config.mlp_bias, dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary, dtype)
+        self.mlp = LlamaMLP(config, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        backend: AttentionBackend,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, backend, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint projection name -> (fused parameter owner, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config: ArchConfig, dtype: torch.dtype, max_position: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        rotary = RotaryEmbedding(
+            config.head_dim,
+            max_position or config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            dtype,
+        )
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary, dtype) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        backend: AttentionBackend,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] (normed); call compute_logits on the rows to sample."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, backend, metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def bind_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.kv_cache = None if kv_caches is None else kv_caches[i]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into place; fails if any parameter stays unloaded."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                name = name.removesuffix(".weight")
+                if name == "lm_head" and self.config.tie_word_embeddings:
+                    continue
+            shard_id: str | int | None = None
+            for checkpoint_name, (fused_name, fused_shard) in self.packed_modules_mapping.items():
+                if f".{checkpoint_name}." in name:
+                    name, shard_id = name.replace(checkpoint_name, fused_name), fused_shard
+                    break
+            if name not in params:
+                raise ValueError(f"unexpected checkpoint tensor {hf_name!r}")
+            param = params[name]
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard_id)
+            loaded.add(f"{name}:{shard_id}")
+        expected = {f"{n}:{s}" for n, s in self._expected_shards()}
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+
+    def _expected_shards(self) -> Iterable[tuple[str, str | int | None]]:
+        for name, _ in self.named_parameters():
+            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+                yield from ((name, s) for s in ("q", "k", "v"))
+            elif name.endswith("gate_up_proj.weight") or name.endswith("gate_up_proj.bias"):
+                yield from ((name, s) for s in (0, 1))
+            else:
+                yield name, None
