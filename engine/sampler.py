@@ -1,0 +1,239 @@
+"""Batched sampling in vLLM's order, one tensor op per feature over the whole batch.
+
+Order: grammar bitmask → raw logprobs (if asked) → min_tokens → penalties → greedy argmax → temperature
+→ min_p → top-k/top-p → exponential-race sample. Logprobs are taken from the raw (bitmask-only) logits,
+as vLLM does by default.
+
+Per-request seeds: a seeded request owns a torch.Generator, advanced by exactly one vocab-sized draw per
+sampled token, so its samples do not depend on which requests share its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.outputs import Logprob
+from engine.request import Request
+
+_GREEDY_EPS = 1e-5  # same threshold as SamplingParams.is_greedy
+
+
+@dataclass
+class SamplingMetadata:
+    """Everything the sampler needs for one step's rows, as batch tensors (row i = request i)."""
+
+    temperature: torch.Tensor  # [B] float32; rows below _GREEDY_EPS are greedy
+    all_greedy: bool
+    all_random: bool
+    top_k: torch.Tensor | None = None  # [B] int64, vocab_size where disabled; None if no row uses it
+    top_p: torch.Tensor | None = None  # [B] float32, 1.0 where disabled
+    min_p: torch.Tensor | None = None  # [B] float32, 0.0 where disabled
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # random seeded rows only
+    # Penalties (None when no row uses any): prompt/output token ids padded with vocab_size.
+    prompt_token_ids: torch.Tensor | None = None  # [B, P] int64
+    output_token_ids: torch.Tensor | None = None  # [B, O] int64
+    repetition_penalties: torch.Tensor | None = None  # [B]
+    frequency_penalties: torch.Tensor | None = None  # [B]
+    presence_penalties: torch.Tensor | None = None  # [B]
+    # (rows, token ids) masked to -inf: EOS and stop ids of requests still short of min_tokens.
+    min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None = None
+    num_logprobs: list[int | None] = field(default_factory=list)  # per row; None = not asked
+    # Packed int32 [B, ceil(V/32)], bit set = allowed; filled by a grammar matcher (structured output).
+    grammar_bitmask: torch.Tensor | None = None
+
+    @property
+    def max_num_logprobs(self) -> int | None:
+        asked = [n for n in self.num_logprobs if n is not None]
+        return max(asked) if asked else None
+
+    @classmethod
+    def build(
+        cls,
+        requests: Sequence[Request],
+        vocab_size: int,
+        device: torch.device,
+        generators: dict[str, torch.Generator],
+    ) -> SamplingMetadata:
+        """`generators` maps request id → its Generator; missing ones for seeded requests are created."""
+        params = [request.sampling_params for request in requests]
+        greedy = [p.is_greedy for p in params]
+
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        temperatures = [0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+        metadata = cls(
+            temperature=column(temperatures, torch.float32),
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            num_logprobs=[p.logprobs for p in params],
+        )
+        random_params = [p for p, g in zip(params, greedy, strict=True) if not g]
+        if any(p.top_k > 0 for p in random_params):
+            metadata.top_k = column([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64)
+        if any(p.top_p < 1.0 for p in random_params):
+            metadata.top_p = column([p.top_p for p in params], torch.float32)
+        if any(p.min_p > 0.0 for p in random_params):
+            metadata.min_p = column([p.min_p for p in params], torch.float32)
+        for row, request in enumerate(requests):
+            seed = request.sampling_params.seed
+            if seed is None or greedy[row]:
+                continue
+            if request.request_id not in generators:
+                generators[request.request_id] = torch.Generator(device=device).manual_seed(seed)
+            metadata.generators[row] = generators[request.request_id]
+        if any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty for p in params):
+            metadata.prompt_token_ids = _pad([r.prompt_token_ids for r in requests], vocab_size, device)
+            metadata.output_token_ids = _pad([r.output_token_ids for r in requests], vocab_size, device)
+            metadata.repetition_penalties = column([p.repetition_penalty for p in params], torch.float32)
+            metadata.frequency_penalties = column([p.frequency_penalty for p in params], torch.float32)
+            metadata.presence_penalties = column([p.presence_penalty for p in params], torch.float32)
+        rows, token_ids = [], []
+        for row, request in enumerate(requests):
+            p = request.sampling_params
+            if request.num_output_tokens >= p.min_tokens:
+                continue
+            banned = set(p.stop_token_ids)
+            if not p.ignore_eos and request.eos_token_id is not None:
+                banned.add(request.eos_token_id)
+            banned = {t for t in banned if 0 <= t < vocab_size}
+            rows += [row] * len(banned)
+            token_ids += sorted(banned)
+        if rows:
+            metadata.min_tokens_mask = (column(rows, torch.int64), column(token_ids, torch.int64))
+        return metadata
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: list[int]  # one per row
+    logprobs: list[list[Logprob] | None]  # per row: sampled token's Logprob, then the top-N; None if not asked
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        # Unseeded random rows draw from this engine-wide generator (reproducible per engine seed).
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        logits = logits.to(torch.float32)
+        if metadata.grammar_bitmask is not None:
+            logits = apply_token_bitmask(logits, metadata.grammar_bitmask)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
+        if metadata.min_tokens_mask is not None:
+            logits = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
+        if metadata.prompt_token_ids is not None:
+            logits = apply_penalties(logits, metadata)
+        sampled = self.sample(logits, metadata)
+        logprobs = gather_logprobs(raw_logprobs, sampled, metadata.num_logprobs) if raw_logprobs is not None else None
+        return SamplerOutput(sampled.tolist(), logprobs or [None] * len(metadata.num_logprobs))
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        if metadata.all_greedy:
+            assert greedy is not None
+            return greedy
+        is_greedy = metadata.temperature < _GREEDY_EPS
+        logits = logits / torch.where(is_greedy, 1.0, metadata.temperature).unsqueeze(1)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        if metadata.top_k is not None or metadata.top_p is not None:
+            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        sampled = self.exponential_race(logits.softmax(dim=-1), metadata.generators)
+        return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
+
+    def exponential_race(self, probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+        """argmax(p / E) with E ~ Exp(1) is an exact categorical sample (Gumbel-max in disguise), no sync."""
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for row, generator in generators.items():  # only seeded rows: their own stream
+            noise[row].exponential_(generator=generator)
+        return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+
+
+def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.int64, device=device).view(
+        len(rows), width
+    )
+
+
+def _bin_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] occurrence counts of the (padded with vocab_size) token ids."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.float32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """vLLM semantics: repetition over prompt + output (divide positive logits, multiply negative ones);
+    frequency (× count) and presence (× seen) over the output only."""
+    assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
+    assert metadata.repetition_penalties is not None
+    assert metadata.frequency_penalties is not None and metadata.presence_penalties is not None
+    vocab_size = logits.shape[1]
+    output_counts = _bin_counts(metadata.output_token_ids, vocab_size)
+    output_seen = output_counts > 0
+    seen = output_seen | (_bin_counts(metadata.prompt_token_ids, vocab_size) > 0)
+    repetition = torch.where(seen, metadata.repetition_penalties.unsqueeze(1), 1.0)
+    logits = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = logits - metadata.frequency_penalties.unsqueeze(1) * output_counts
+    return logits - metadata.presence_penalties.unsqueeze(1) * output_seen
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p × the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Keep the k largest logits (ties with the k-th kept), then the smallest set whose probability
+    reaches p (the top token always survives). One sort for the whole batch."""
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth_index = (logits_sort.shape[1] - top_k).clamp_(min=0).unsqueeze(1)
+        kth_value = logits_sort.gather(1, kth_index)
+        logits_sort = logits_sort.masked_fill(logits_sort < kth_value, float("-inf"))
+    if top_p is not None:
+        cumulative = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        logits_sort = logits_sort.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, logits_idx, logits_sort)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf where the packed int32 bitmask [B, ceil(V/32)] has a 0 bit (xgrammar's layout)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, sampled: torch.Tensor, num_logprobs: list[int | None]
+) -> list[list[Logprob] | None]:
+    """Per row: the sampled token (with its rank, 1 = most likely) followed by that row's top-N."""
+    max_n = max(n for n in num_logprobs if n is not None)
+    token_logprobs = logprobs.gather(1, sampled.unsqueeze(1))
+    ranks = (logprobs >= token_logprobs).sum(dim=-1)
+    top_values, top_indices = logprobs.topk(max_n, dim=-1) if max_n > 0 else (None, None)
+    token_logprobs_list, ranks_list, sampled_list = token_logprobs.squeeze(1).tolist(), ranks.tolist(), sampled.tolist()
+    top_values_list = top_values.tolist() if top_values is not None else None
+    top_indices_list = top_indices.tolist() if top_indices is not None else None
+    out: list[list[Logprob] | None] = []
+    for row, n in enumerate(num_logprobs):
+        if n is None:
+            out.append(None)
+            continue
+        entries = [Logprob(sampled_list[row], token_logprobs_list[row], ranks_list[row])]
+        if n > 0:
+            assert top_values_list is not None and top_indices_list is not None
+            entries += [
+                Logprob(top_indices_list[row][i], top_values_list[row][i], i + 1) for i in range(n)
+            ]
+        out.append(entries)
+    return out
