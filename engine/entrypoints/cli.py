@@ -12,7 +12,8 @@ logger = logging.getLogger("servelab.server")
 
 
 def serve(
-    model: str = typer.Option("smollm2-135m", help="Model alias, HF directory, .gguf file or hub id."),
+    model_tag: str | None = typer.Argument(None, metavar="MODEL", help="The model, as `vllm serve MODEL` takes it."),
+    model: str | None = typer.Option(None, help="Model alias, HF dir, .gguf file or hub id [default: smollm2-135m]."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (0.0.0.0 exposes the server to the network)."),
     port: int = typer.Option(8000, help="Port to listen on; 0 picks a free one."),
     api_key: str | None = typer.Option(
@@ -42,6 +43,9 @@ def serve(
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
+    if model_tag is not None and model is not None and model_tag != model:
+        raise typer.BadParameter(f"the positional model {model_tag!r} and --model {model!r} differ; give one")
+    model = model_tag or model or "smollm2-135m"
     knobs: dict[str, Any] = {
         "model": model, "tokenizer": tokenizer, "dtype": dtype, "device": device, "max_model_len": max_model_len,
         "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
