@@ -1,0 +1,194 @@
+"""Workloads: real length mixes, trace loaders, arrival schedules and exact-length prompt synthesis.
+
+    import workloads
+    specs = workloads.load("azure-code-2023")                       # all 8,819 rows, source token counts
+    specs = workloads.load("sharegpt", num_requests=500, seed=1, max_model_len=2048)   # fitted, see report
+    report = workloads.last_fit_report()
+    offsets = workloads.arrivals.gamma(rate=4.0, burstiness=0.5, num_requests=500, seed=1)
+    prompts = workloads.synthesize(specs, tokenizer, endpoint="chat")   # exact input_len tokens each
+    workloads.fidelity(specs, realised_in, realised_out, intended, actual)
+
+Names for load(): the shipped mixes (workloads.list_workloads()), "fixed", "random" (vLLM --random-range-ratio
+semantics), "lognormal" (fit_to=<mix>), "shared-prefix", "structured", "mixture:<name>=<weight>,...", or a trace
+file path (Azure CSV 2023/2024, Mooncake JSONL, BurstGPT CSV, ShareGPT JSON with tokenizer=, generic CSV/JSONL).
+
+Token counts: a source measured with another tokenizer (Llama-2 for ShareGPT/arXiv/BWB, unnamed production
+tokenizers for Azure and Mooncake) keeps its counts; they are used as request sizes for the target model, and
+synthesis then makes prompts of exactly that many target-tokenizer tokens. Without max_model_len, load() returns
+the source's counts unchanged; with it, fit_policy (clip / drop / rescale, see workloads.fit) applies and
+last_fit_report() says how many requests changed.
+
+Sampling a mix: num_requests=None returns every row in trace order. num_requests <= rows draws a seeded random
+subset without replacement, kept in trace order (a thinned trace: same burst shape, rate scaled by n/rows);
+num_requests > rows draws with replacement, also in trace order.
+
+Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
+prefix_block_size; SynthesizedPrompt has prefix_group and extra (holds the salt); arrival functions name their
+count num_requests; arrivals also has closed_loop(n), constant(rate, n) and replay(..., tick_s=) for Mooncake's
+3 s ticks; synthesize's block_size is the tokens per hash id when a spec does not carry prefix_block_size.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workloads import arrivals, prefix, structured, synthetic
+from workloads.fidelity import fidelity
+from workloads.fit import FIT_POLICIES, fit_to_model
+from workloads.loaders import load_trace
+from workloads.mixes import list_workloads, load_mix, metadata, shipped_names
+from workloads.spec import FitReport, RequestSpec, SynthesizedPrompt, WorkloadFormatError, WorkloadInfo
+from workloads.synthesis import synthesize
+
+__all__ = [
+    "FIT_POLICIES",
+    "FitReport",
+    "RequestSpec",
+    "SynthesizedPrompt",
+    "WorkloadFormatError",
+    "WorkloadInfo",
+    "arrivals",
+    "fidelity",
+    "last_fit_report",
+    "list_workloads",
+    "load",
+    "metadata",
+    "prefix",
+    "structured",
+    "synthesize",
+    "synthetic",
+    "GENERATORS",
+]
+
+DEFAULT_NUM_REQUESTS = 1000
+_last_fit_report: FitReport | None = None
+
+
+def last_fit_report() -> FitReport | None:
+    """The FitReport of the most recent load() with max_model_len (None if it had none)."""
+    return _last_fit_report
+
+
+def sample(specs: list[RequestSpec], num_requests: int | None, seed: int) -> list[RequestSpec]:
+    """A seeded subset (or oversample) kept in source order; None keeps everything."""
+    if num_requests is None:
+        return specs
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    rng = np.random.default_rng(seed)
+    replace = num_requests > len(specs)
+    indices = np.sort(rng.choice(len(specs), size=num_requests, replace=replace))
+    return [RequestSpec(**{f: getattr(specs[i], f) for f in RequestSpec.__slots__}) for i in indices]
+
+
+def _fixed(n: int, seed: int, input_len: int | None, output_len: int | None, range_ratio: float) -> list[RequestSpec]:
+    return synthetic.fixed(n, input_len or synthetic.DEFAULT_INPUT_LEN, output_len or synthetic.DEFAULT_OUTPUT_LEN)
+
+
+def _random(n: int, seed: int, input_len: int | None, output_len: int | None, range_ratio: float) -> list[RequestSpec]:
+    return synthetic.random_lengths(n, input_len or 1024, output_len or 128, range_ratio, seed)
+
+
+def _lognormal(
+    n: int,
+    seed: int,
+    input_len: int | None,
+    output_len: int | None,
+    range_ratio: float,
+    fit_to: str = "azure-conv-2023",
+    max_len: int | None = None,
+) -> list[RequestSpec]:
+    return synthetic.lognormal(n, load(fit_to), seed, max_len)
+
+
+def _shared_prefix(
+    n: int,
+    seed: int,
+    input_len: int | None,
+    output_len: int | None,
+    range_ratio: float,
+    num_groups: int = 64,
+    prefix_len: int = 2048,
+    zipf_alpha: float = 0.0,
+) -> list[RequestSpec]:
+    return prefix.shared_prefix(
+        n, num_groups, prefix_len, input_len or 128, output_len or 256, range_ratio, zipf_alpha, seed
+    )
+
+
+def _structured(
+    n: int,
+    seed: int,
+    input_len: int | None,
+    output_len: int | None,
+    range_ratio: float,
+    field_counts: tuple[int, ...] = (1, 4, 16, 64),
+) -> list[RequestSpec]:
+    base = synthetic.random_lengths(n, input_len or 256, output_len or 256, range_ratio, seed)
+    return structured.with_schemas(base, field_counts, seed + 1)
+
+
+GENERATORS: dict[str, Callable[..., list[RequestSpec]]] = {
+    "fixed": _fixed,
+    "random": _random,
+    "lognormal": _lognormal,
+    "shared-prefix": _shared_prefix,
+    "structured": _structured,
+}
+
+
+def _mixture(spec: str, num_requests: int, seed: int) -> list[RequestSpec]:
+    components = []
+    for part in spec.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            components.append((load(name.strip(), seed=seed), float(weight) if weight else 1.0))
+        except ValueError as error:
+            raise ValueError(f"mixture component {part!r}: {error}") from None
+    return synthetic.mixture(components, num_requests, seed)
+
+
+def load(
+    name_or_path: str | Path,
+    *,
+    num_requests: int | None = None,
+    seed: int = 0,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    range_ratio: float | dict = 0.0,
+    max_model_len: int | None = None,
+    fit_policy: str = "clip",
+    tokenizer: Any = None,
+    **options: Any,
+) -> list[RequestSpec]:
+    """The requests of a shipped mix, a generator or a trace file (see the module docstring)."""
+    global _last_fit_report
+    name = str(name_or_path)
+    if name in shipped_names():
+        if options or input_len or output_len:
+            raise ValueError(f"shipped mix {name!r} takes no length options; got {sorted(options) or 'lengths'}")
+        specs = sample(load_mix(name), num_requests, seed)
+    elif name in GENERATORS:
+        generator = GENERATORS[name]
+        accepted = list(inspect.signature(generator).parameters)[5:]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise ValueError(f"{name!r} does not take option(s) {unknown}; it takes {accepted}")
+        n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
+        specs = generator(n, seed, input_len, output_len, range_ratio, **options)
+    elif name.startswith("mixture:"):
+        specs = _mixture(name[len("mixture:") :], DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed)
+    elif Path(name).expanduser().is_file():
+        specs = sample(load_trace(Path(name).expanduser(), tokenizer=tokenizer, **options), num_requests, seed)
+    else:
+        known = shipped_names() + list(GENERATORS)
+        raise ValueError(f"unknown workload {name!r}: not a file, and not one of {known} or 'mixture:a=w,b=w'")
+    _last_fit_report = None
+    if max_model_len is not None:
+        specs, _last_fit_report = fit_to_model(specs, max_model_len, fit_policy)
+    return specs

@@ -1,9 +1,137 @@
-"""`bench` sub-commands owned by this package. Import heavy modules inside each command."""
+"""`bench workloads list` and `bench workloads show NAME [--plot out.png]`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+workloads_app = typer.Typer(help="Real length mixes, synthetic workloads and trace files.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
+    app.add_typer(workloads_app, name="workloads")
+
+
+@workloads_app.command("list")
+def list_command() -> None:
+    """The shipped real mixes: source, licence, request count, p50/p90 input and output tokens."""
+    from rich.console import Console
+    from rich.table import Table
+
+    import workloads
+
+    table = Table(title="shipped workloads (token counts as published by each source)")
+    for column in ("name", "source", "licence", "requests", "in p50", "in p90", "out p50", "out p90", "arrivals"):
+        table.add_column(
+            column, justify="right" if column.startswith(("in", "out", "req")) else "left", no_wrap=column == "name"
+        )
+    for info in workloads.list_workloads():
+        table.add_row(
+            info.name,
+            info.source,
+            info.licence.split(" (")[0].split(";")[0],
+            f"{info.count:,}",
+            f"{info.input_p50:,.0f}",
+            f"{info.input_p90:,.0f}",
+            f"{info.output_p50:,.0f}",
+            f"{info.output_p90:,.0f}",
+            "trace" + ("+prefix" if info.has_prefix_ids else "") if info.has_timestamps else "-",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"generators: {', '.join(workloads.GENERATORS)}, mixture:<name>=<weight>,...; or a trace file path")
+
+
+def _describe(name: str) -> tuple[list, dict]:
+    import workloads
+    from workloads.stats import arrival_stats, correlation, percentiles
+
+    specs = workloads.load(name)
+    if name in workloads.mixes.shipped_names():
+        return specs, workloads.metadata(name)
+    inputs, outputs = [s.input_len for s in specs], [s.output_len for s in specs]
+    timed = specs[0].timestamp is not None and len(specs) > 1
+    return specs, {
+        "name": name,
+        "rows": len(specs),
+        "source_percentiles": {"input_len": percentiles(inputs), "output_len": percentiles(outputs)},
+        "correlation": correlation(inputs, outputs),
+        "arrivals": arrival_stats([s.timestamp for s in specs]) if timed else None,
+    }
+
+
+@workloads_app.command("show")
+def show_command(
+    name: str = typer.Argument(..., help="a shipped mix, a generator name, or a trace file"),
+    plot: Path | None = typer.Option(None, "--plot", help="write a PNG: length histograms, scatter, arrivals"),
+) -> None:
+    """Metadata, length percentiles, correlation, arrival and prefix statistics of one workload."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console()
+    try:
+        specs, meta = _describe(name)
+    except (ValueError, OSError) as error:
+        console.print(f"[red]{error}")
+        raise typer.Exit(1) from None
+    for key in (
+        "name",
+        "description",
+        "source",
+        "licence",
+        "attribution",
+        "tokenizer",
+        "token_counts",
+        "rows",
+        "derivation",
+    ):
+        if key in meta:
+            console.print(f"[bold]{key}[/]: {escape(str(meta[key]))}")
+    for key in ("input_len", "output_len"):
+        stats = meta["source_percentiles"][key]
+        console.print(f"[bold]{key}[/]: " + "  ".join(f"{q} {v:,.0f}" for q, v in stats.items()))
+    console.print(f"[bold]correlation[/]: {meta['correlation']}")
+    for key in ("arrivals", "prefix"):
+        if meta.get(key):
+            console.print(f"[bold]{key}[/]: {escape(json.dumps(meta[key]))}")
+    if plot is not None:
+        write_plot(specs, meta["name"], plot)
+        console.print(f"wrote {plot}")
+
+
+def write_plot(specs: list, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    inputs = np.array([s.input_len for s in specs])
+    outputs = np.array([s.output_len for s in specs])
+    figure, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for axis, values, label in ((axes[0, 0], inputs, "input tokens"), (axes[0, 1], outputs, "output tokens")):
+        low = max(values.min(), 1)
+        bins = np.logspace(np.log10(low), np.log10(max(values.max(), low + 1)), 60)
+        axis.hist(np.maximum(values, 1), bins=bins)
+        axis.set(xscale="log", xlabel=label, ylabel="requests")
+    shown = np.random.default_rng(0).choice(len(specs), size=min(len(specs), 5000), replace=False)
+    axes[1, 0].scatter(np.maximum(inputs[shown], 1), np.maximum(outputs[shown], 1), s=2, alpha=0.3)
+    axes[1, 0].set(xscale="log", yscale="log", xlabel="input tokens", ylabel="output tokens")
+    if specs[0].timestamp is not None:
+        times = np.array([s.timestamp for s in specs])
+        counts = np.bincount((times // 60).astype(int))
+        axes[1, 1].step(np.arange(counts.size), counts, where="post")
+        axes[1, 1].set(xlabel="minute", ylabel="requests per minute")
+    else:
+        axes[1, 1].text(0.5, 0.5, "no timestamps in this source", ha="center", va="center")
+        axes[1, 1].set_axis_off()
+    figure.suptitle(f"{title}: {len(specs):,} requests")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
