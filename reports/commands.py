@@ -1,9 +1,114 @@
-"""`bench` sub-commands owned by this package. Import heavy modules inside each command."""
+"""`bench report` and `bench gate`. Heavy modules (pandas, matplotlib) are imported inside each command."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+GATE_EXIT_PASS, GATE_EXIT_FAIL, GATE_EXIT_UNUSABLE = 0, 1, 2
+
+
+def _error(message: str, code: int = GATE_EXIT_UNUSABLE) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def report(
+    run_dirs: list[Path] = typer.Argument(
+        ..., help="Run directories (`bench sweep --output-dir`), vLLM `bench serve --save-detailed` JSONs, "
+        "or GuideLLM JSON reports; several overlay for A/B."
+    ),
+    slo: str | None = typer.Option(
+        None, help="Re-evaluate goodput under this SLO (ms), any subset: ttft=MS,tpot=MS,e2el=MS. "
+        "Default: the first run's own SLO."
+    ),
+    out: Path | None = typer.Option(None, help="Output directory (default: <first run>/report)."),
+    timeline_point: str | None = typer.Option(None, help="Point label for the request timeline (default: top load)."),
+) -> None:
+    """Write report.html (self-contained) and report.md (+ plots/*.png) for one or more runs."""
+    from rich.progress import Progress
+
+    from reports.importers import RunInputError
+    from reports.metrics import parse_slo
+    from reports.render import render_report
+
+    try:
+        slo_ms = parse_slo(slo)
+    except ValueError as exc:
+        _error(str(exc))
+    first = run_dirs[0]
+    out_dir = out or ((first if first.is_dir() else first.parent) / "report")
+    with Progress(transient=True) as progress:
+        task = progress.add_task("rendering report", total=9)
+        try:
+            path = render_report(
+                run_dirs, out_dir, slo_ms, timeline_point,
+                progress=lambda name: progress.update(task, advance=1, description=f"plot: {name}"),
+            )
+        except (RunInputError, ValueError) as exc:
+            _error(str(exc))
+    typer.echo(f"wrote {path} and {out_dir / 'report.md'}")
+
+
+def gate(
+    candidate: Path = typer.Option(..., help="The run under test (run directory or importable result)."),
+    baseline: Path | None = typer.Option(None, help="The reference run; or use --baseline-store."),
+    baseline_store: Path | None = typer.Option(None, help="A baseline store directory (the blessed run)."),
+    update_baseline: bool = typer.Option(
+        False, "--update-baseline", help="Bless --candidate into --baseline-store (records its config) and exit."
+    ),
+    metric: str = typer.Option("ttft_p90,tpot_p50", help="Comma-separated <ttft|tpot|itl|e2el>_<mean|median|pNN>."),
+    max_regression: str = typer.Option("5%", help="Fail only above this relative slow-down, e.g. 5% or 0.05."),
+    alpha: float = typer.Option(0.05, help="Family-wise significance level (Holm over all points x metrics)."),
+    n_boot: int = typer.Option(2000, help="Bootstrap resamples (raised automatically for many tests)."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+    junit_xml: Path | None = typer.Option(None, help="Write JUnit XML (one test case per metric and point)."),
+    markdown: Path | None = typer.Option(None, help="Also write the Markdown table here (for a PR comment)."),
+    note: str | None = typer.Option(None, help="With --update-baseline: a note stored in the manifest."),
+) -> None:
+    """Compare a candidate run with a baseline: exit 0 pass, 1 significant regression, 2 unusable input."""
+    from reports.baseline import baseline_run_dir
+    from reports.baseline import update_baseline as bless
+    from reports.gate import GateConfig, GateInputError, parse_threshold, run_gate, to_markdown, write_junit
+    from reports.importers import RunInputError, load_run
+
+    try:
+        if update_baseline:
+            if baseline_store is None:
+                _error("--update-baseline needs --baseline-store DIR")
+            manifest = bless(baseline_store, candidate, note)
+            typer.echo(f"blessed {candidate} as the baseline in {baseline_store} (run_id {manifest['run_id']})")
+            raise typer.Exit(GATE_EXIT_PASS)
+        if (baseline is None) == (baseline_store is None):
+            _error("give exactly one of --baseline RUN_DIR or --baseline-store DIR")
+        base_path = baseline if baseline is not None else baseline_run_dir(baseline_store)
+        config = GateConfig(
+            metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
+            max_regression=parse_threshold(max_regression),
+            alpha=alpha,
+            n_boot=n_boot,
+            seed=seed,
+        )
+        if not config.metrics:
+            _error("--metric is empty")
+        if not 0 < alpha < 1:
+            _error("--alpha must be between 0 and 1")
+        base_run, cand_run = load_run(base_path), load_run(candidate)
+        result = run_gate(base_run, cand_run, config)
+    except (RunInputError, GateInputError, ValueError) as exc:
+        _error(str(exc))
+    table = to_markdown(result, str(base_path), str(candidate))
+    typer.echo(table)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(table)
+    if junit_xml is not None:
+        write_junit(result, junit_xml)
+    raise typer.Exit(GATE_EXIT_PASS if result.passed else GATE_EXIT_FAIL)
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
+    app.command("report")(report)
+    app.command("gate")(gate)

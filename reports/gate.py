@@ -1,0 +1,264 @@
+"""`bench gate`: a noise-aware regression gate between a baseline run and a candidate run.
+
+Per point and metric (e.g. `tpot_p50`), the per-request distributions are resampled (seeded, vectorised
+percentile bootstrap over requests; ITL over pooled chunk gaps) to get the relative change of the
+statistic, candidate / baseline - 1, with its confidence interval and a one-sided bootstrap p-value for
+"the candidate is slower". P-values are Holm-adjusted over every (point, metric) test of the gate so
+the chance of any false alarm stays at `alpha`. A test fails only when the regression is significant
+(adjusted p <= alpha) AND its point estimate exceeds `max_regression`. All metrics are latencies
+(lower is better).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from reports.importers import RunData
+from reports.metrics import LATENCY_METRICS, pooled_itl_ms, request_latencies
+
+# Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
+# precisely so reruns do not share a warm prefix cache.
+IGNORED_WORKLOAD_KEYS = frozenset({"salt"})
+MAX_BOOTSTRAP_ELEMENTS = 20_000_000  # per batch, bounds memory for long pooled-ITL samples
+
+
+class GateInputError(ValueError):
+    """The runs cannot be compared (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    metrics: tuple[str, ...] = ("ttft_p90", "tpot_p50")
+    max_regression: float = 0.05  # fraction: 0.05 = 5 %
+    alpha: float = 0.05
+    n_boot: int = 2000
+    seed: int = 0
+    min_samples: int = 5
+
+
+@dataclass
+class Comparison:
+    point: str
+    metric: str
+    baseline: float
+    candidate: float
+    change: float  # relative: candidate / baseline - 1
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n_baseline: int
+    n_candidate: int
+    p_adjusted: float = math.nan
+    failed: bool = False
+    note: str = ""
+
+
+@dataclass
+class GateResult:
+    config: GateConfig
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not any(c.failed for c in self.comparisons)
+
+
+def parse_metric(spec: str) -> tuple[str, str | float]:
+    """`ttft_p90` -> ("ttft", 90.0); `tpot_p99.9`; `e2el_median` -> 50.0; `itl_mean` -> "mean"."""
+    match = re.fullmatch(r"(ttft|tpot|itl|e2el)_(mean|median|p\d+(?:\.\d+)?)", spec.strip().lower())
+    if not match:
+        raise GateInputError(
+            f"unknown gate metric {spec!r}: use <{'|'.join(LATENCY_METRICS)}>_<mean|median|pNN>, e.g. tpot_p50"
+        )
+    name, stat = match.groups()
+    if stat == "mean":
+        return name, "mean"
+    q = 50.0 if stat == "median" else float(stat[1:])
+    if not 0 <= q <= 100:
+        raise GateInputError(f"percentile out of range in {spec!r}")
+    return name, q
+
+
+def parse_threshold(text: str) -> float:
+    """`5%` -> 0.05; `0.05` -> 0.05."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise GateInputError(f"bad --max-regression {text!r}: use e.g. 5% or 0.05") from None
+    if not 0 <= value < 10:
+        raise GateInputError(f"bad --max-regression {text!r}: must be between 0% and 1000%")
+    return value
+
+
+def metric_samples(run: RunData, label: str, names: set[str]) -> dict[str, np.ndarray]:
+    """Per-request values in ms (successful requests; TPOT only for outputs of 2+ tokens; ITL pooled gaps)."""
+    rows = run.point_requests(label)
+    samples = {}
+    if names - {"itl"}:
+        latencies = request_latencies(rows)
+        for name in names - {"itl"}:
+            values = latencies[f"{name}_ms"].to_numpy(dtype=float)
+            samples[name] = values[~np.isnan(values)]
+    if "itl" in names:
+        samples["itl"] = pooled_itl_ms(rows)
+    return samples
+
+
+def _statistic(samples: np.ndarray, stat: str | float) -> np.ndarray:
+    if stat == "mean":
+        return samples.mean(axis=-1)
+    return np.percentile(samples, stat, axis=-1)
+
+
+def _bootstrap(values: np.ndarray, stat: str | float, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    n = values.size
+    batch = max(1, MAX_BOOTSTRAP_ELEMENTS // n)
+    out = np.empty(n_boot)
+    for start in range(0, n_boot, batch):
+        stop = min(n_boot, start + batch)
+        out[start:stop] = _statistic(values[rng.integers(0, n, size=(stop - start, n))], stat)
+    return out
+
+
+def compare_samples(
+    baseline: np.ndarray, candidate: np.ndarray, stat: str | float, config: GateConfig, rng: np.random.Generator
+) -> tuple[float, float, float, float, float, float]:
+    """(baseline stat, candidate stat, relative change, CI low, CI high, one-sided p for a regression)."""
+    base_value = float(_statistic(baseline, stat))
+    cand_value = float(_statistic(candidate, stat))
+    boot_base = _bootstrap(baseline, stat, config.n_boot, rng)
+    boot_cand = _bootstrap(candidate, stat, config.n_boot, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        changes = boot_cand / boot_base - 1.0
+        change = cand_value / base_value - 1.0 if base_value > 0 else math.inf if cand_value > 0 else 0.0
+    changes = changes[np.isfinite(changes)]
+    if not changes.size:
+        return base_value, cand_value, change, math.nan, math.nan, 1.0
+    low, high = np.percentile(changes, [100 * config.alpha / 2, 100 * (1 - config.alpha / 2)])
+    p_value = (np.count_nonzero(changes <= 0.0) + 1) / (changes.size + 1)
+    return base_value, cand_value, float(change), float(low), float(high), float(p_value)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (family-wise error control, any dependence)."""
+    m = len(p_values)
+    order = np.argsort(p_values)
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def check_comparable(baseline: RunData, candidate: RunData) -> list[str]:
+    """Raise GateInputError when workloads or points differ; returns the shared point labels in order."""
+    base_work = {k: v for k, v in (baseline.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
+    cand_work = {k: v for k, v in (candidate.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
+    if base_work != cand_work:
+        diff = sorted(k for k in base_work.keys() | cand_work.keys() if base_work.get(k) != cand_work.get(k))
+        details = ", ".join(f"{k}: {base_work.get(k)!r} vs {cand_work.get(k)!r}" for k in diff)
+        raise GateInputError(f"the runs used different workloads ({details}); rerun the candidate with the same flags")
+    if baseline.mode != candidate.mode:
+        raise GateInputError(f"baseline sweeps {baseline.mode} but candidate sweeps {candidate.mode}")
+    base_labels, cand_labels = list(baseline.points["label"]), list(candidate.points["label"])
+    if set(base_labels) != set(cand_labels):
+        missing = sorted(set(base_labels) - set(cand_labels))
+        extra = sorted(set(cand_labels) - set(base_labels))
+        raise GateInputError(f"the runs have different points: missing in candidate {missing}, extra {extra}")
+    return base_labels
+
+
+def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateResult:
+    labels = check_comparable(baseline, candidate)
+    metrics = [(spec, *parse_metric(spec)) for spec in config.metrics]
+    # The smallest bootstrap p-value is 1/(n_boot+1); Holm multiplies it by the number of tests, so
+    # keep enough resamples that a clear regression can still reach significance.
+    needed = math.ceil(4 * len(labels) * len(metrics) / config.alpha)
+    config = replace(config, n_boot=max(config.n_boot, needed))
+    rng = np.random.default_rng(config.seed)
+    result = GateResult(config)
+    names = {name for _, name, _ in metrics}
+    for label in labels:
+        base_samples = metric_samples(baseline, label, names)
+        cand_samples = metric_samples(candidate, label, names)
+        for spec, name, stat in metrics:
+            base, cand = base_samples[name], cand_samples[name]
+            if base.size < config.min_samples:
+                raise GateInputError(
+                    f"baseline point {label} has {base.size} {name.upper()} samples; "
+                    f"at least {config.min_samples} are needed"
+                )
+            if cand.size < config.min_samples:
+                result.comparisons.append(Comparison(label, spec, float(_statistic(base, stat)), math.nan, math.inf,
+                                                     math.nan, math.nan, 0.0, base.size, cand.size, failed=True,
+                                                     note=f"candidate has only {cand.size} successful samples"))
+                continue
+            values = compare_samples(base, cand, stat, config, rng)
+            result.comparisons.append(Comparison(label, spec, *values, n_baseline=base.size, n_candidate=cand.size))
+    tested = [c for c in result.comparisons if not c.note]
+    for comp, adjusted in zip(tested, holm([c.p_value for c in tested]), strict=True):
+        comp.p_adjusted = adjusted
+        significant = adjusted <= config.alpha
+        comp.failed = significant and comp.change > config.max_regression
+        if significant and not comp.failed and comp.change > 0:
+            comp.note = "significant but within the threshold"
+    return result
+
+
+def _pct(x: float) -> str:
+    return "–" if math.isnan(x) else ("+inf" if math.isinf(x) else f"{x * 100:+.1f}%")
+
+
+def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> str:
+    cfg = result.config
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [
+        f"### bench gate: {verdict}",
+        "",
+        f"Baseline `{baseline_name}` vs candidate `{candidate_name}`; fails on a regression above "
+        f"{cfg.max_regression:.1%} that is significant at alpha={cfg.alpha} (Holm-adjusted over "
+        f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}).",
+        "",
+        "| point | metric | baseline ms | candidate ms | change | 95% CI | p (Holm) | n base/cand | result |".replace(
+            "95%", f"{100 * (1 - cfg.alpha):g}%"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result.comparisons:
+        status = "❌ regression" if c.failed else ("✅ pass" + (f" ({c.note})" if c.note else ""))
+        if c.failed and c.note:
+            status += f" ({c.note})"
+        p = "–" if math.isnan(c.p_adjusted) else f"{c.p_adjusted:.3g}"
+        lines.append(
+            f"| {c.point} | {c.metric} | {c.baseline:.2f} | {c.candidate:.2f} | {_pct(c.change)} | "
+            f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}] | {p} | {c.n_baseline}/{c.n_candidate} | {status} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_junit(result: GateResult, path: Path) -> Path:
+    """JUnit XML: one test case per (metric, point); a failed case carries the figures."""
+    failures = sum(c.failed for c in result.comparisons)
+    suites = ET.Element("testsuites", name="bench gate", tests=str(len(result.comparisons)), failures=str(failures))
+    suite = ET.SubElement(suites, "testsuite", name="bench gate", tests=str(len(result.comparisons)),
+                          failures=str(failures), errors="0", skipped="0")
+    for c in result.comparisons:
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{c.point}", name=c.metric, time="0")
+        summary = (f"{c.metric} at {c.point}: {c.baseline:.3f} -> {c.candidate:.3f} ms ({_pct(c.change)}, "
+                   f"CI [{_pct(c.ci_low)}, {_pct(c.ci_high)}], Holm p={c.p_adjusted:.3g}) {c.note}").strip()
+        if c.failed:
+            ET.SubElement(case, "failure", message=f"regression {_pct(c.change)}", type="regression").text = summary
+        else:
+            ET.SubElement(case, "system-out").text = summary
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+    return path

@@ -1,0 +1,131 @@
+"""The report's tables (pandas DataFrames) and their Markdown / HTML rendering."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports.importers import RunData
+from reports.metrics import percentile_key, ttft_decomposition
+
+
+def point_table(run: RunData) -> pd.DataFrame:
+    """One row per point: load, counts, throughputs, latency percentiles, goodput and attainment."""
+    pts = run.points
+    table = pd.DataFrame({"point": pts["label"], "load": run.load_values().to_numpy()})
+    table["completed"] = pts["completed"].to_numpy()
+    table["failed"] = pts["failed"].to_numpy()
+    table["req/s"] = pts["request_throughput"].to_numpy()
+    table["out tok/s"] = pts["output_throughput"].to_numpy()
+    for metric in ("ttft", "tpot", "e2el"):
+        for p in run.percentiles:
+            column = f"{percentile_key(p)}_{metric}_ms"
+            if column in pts:
+                values = pd.to_numeric(pts[column], errors="coerce").to_numpy()
+                table[f"{metric.upper()} {percentile_key(p)} ms"] = values
+    if "median_itl_ms" in pts:
+        table["ITL p50 ms"] = pd.to_numeric(pts["median_itl_ms"], errors="coerce").to_numpy()
+    if "request_goodput" in pts and pts["request_goodput"].notna().any():
+        table["goodput req/s"] = pd.to_numeric(pts["request_goodput"], errors="coerce").to_numpy()
+        table["SLO attainment"] = pd.to_numeric(pts["slo_attainment"], errors="coerce").to_numpy()
+    return table
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic (max distance between the empirical CDFs)."""
+    a, b = np.sort(a[np.isfinite(a)]), np.sort(b[np.isfinite(b)])
+    if not a.size or not b.size:
+        return math.nan
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, grid, "right") / a.size
+    cdf_b = np.searchsorted(b, grid, "right") / b.size
+    return float(np.max(np.abs(cdf_a - cdf_b)))
+
+
+def _num(rows: pd.DataFrame, column: str) -> np.ndarray:
+    if column not in rows:
+        return np.full(len(rows), np.nan)
+    return pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+
+
+def fidelity_table(run: RunData) -> pd.DataFrame:
+    """Requested vs realised workload per point: lengths, early stops, token-count agreement, pacing."""
+    records = []
+    for _, point in run.points.iterrows():
+        rows = run.point_requests(point["label"])
+        ok = rows["success"].astype(bool).to_numpy()
+        req_in, real_in = _num(rows, "requested_input_len")[ok], _num(rows, "prompt_tokens")[ok]
+        req_out, real_out = _num(rows, "requested_output_len")[ok], _num(rows, "output_tokens")[ok]
+        client_out = _num(rows, "client_output_tokens")[ok]
+        lag_ms = (_num(rows, "send_time") - _num(rows, "intended_send_time")) * 1000.0
+        record: dict[str, Any] = {
+            "point": point["label"],
+            "requests": len(rows),
+            "input requested mean": np.nanmean(req_in) if np.isfinite(req_in).any() else math.nan,
+            "input realised mean": np.nanmean(real_in) if np.isfinite(real_in).any() else math.nan,
+            "input KS": _ks(req_in, real_in),
+            "output requested mean": np.nanmean(req_out) if np.isfinite(req_out).any() else math.nan,
+            "output realised mean": np.nanmean(real_out) if np.isfinite(real_out).any() else math.nan,
+            "output KS": _ks(req_out, real_out),
+            "early stops": float(np.mean(real_out < req_out)) if np.isfinite(req_out).any() else math.nan,
+            "usage != client count": int(np.sum(np.isfinite(client_out) & (client_out != real_out))),
+            "send lag p50 ms": float(np.nanpercentile(lag_ms, 50)) if np.isfinite(lag_ms).any() else math.nan,
+            "send lag p99 ms": float(np.nanpercentile(lag_ms, 99)) if np.isfinite(lag_ms).any() else math.nan,
+        }
+        sends = np.sort(_num(rows, "send_time"))
+        if run.mode == "rate" and sends.size > 1:
+            record["offered req/s"] = point.get("request_rate")
+            record["achieved req/s"] = (sends.size - 1) / (sends[-1] - sends[0])
+        if isinstance(point.get("fidelity"), dict):
+            for key, value in point["fidelity"].items():
+                if isinstance(value, (int, float, str, bool)) or value is None:
+                    record[f"sweep: {key}"] = value
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def ttft_table(run: RunData) -> pd.DataFrame | None:
+    """Mean server queue / prefill / rest of TTFT per point, when the run has server timing."""
+    records = []
+    for label in run.points["label"]:
+        parts = ttft_decomposition(run.point_requests(label))
+        if parts is not None:
+            records.append({"point": label, **parts.mean().to_dict(), "requests": len(parts)})
+    return pd.DataFrame(records) if records else None
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if math.isinf(value):
+            return "inf"
+        if value == int(value) and abs(value) < 1e6:
+            return str(int(value))
+        return f"{value:.3g}" if abs(value) < 1 else f"{value:,.1f}" if abs(value) < 1e5 else f"{value:,.0f}"
+    return str(value)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    header = "| " + " | ".join(str(c) for c in table.columns) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    body = ["| " + " | ".join(_fmt(v).replace("|", "\\|") for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def to_html(table: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+        for row in table.itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
