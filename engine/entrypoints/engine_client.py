@@ -128,16 +128,14 @@ class EngineClient:
         return None if self._process is None else self._process.pid
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine process; escalate to terminate/kill so nothing outlives the server."""
+        """Stop the engine process; kill it if it does not exit in time (it ignores SIGTERM), so nothing outlives
+        the server."""
         self._closing = True
         if self._process is None:
             return
         if self._process.is_alive():
             self._input.put(("shutdown",))
             self._process.join(timeout=timeout_s)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=5)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()

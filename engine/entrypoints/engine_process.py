@@ -68,8 +68,11 @@ def _engine_info(core: Any, config: EngineConfig) -> EngineInfo:
 
 
 def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any) -> None:
-    """Process target. Ctrl-C goes to the whole process group: the API process owns shutdown, so ignore it."""
+    """Process target. Ctrl-C (and `kill` of the process group) reaches this process too, but the API process owns
+    shutdown: it drains in-flight requests first, then sends "shutdown" (or kills this process). If the API process
+    dies instead, the busy loop notices and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from engine.engine_core import EngineCore
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from engine.outputs import SchedulerStats
 from engine.request import RequestTiming
@@ -41,6 +41,7 @@ _COUNTERS = {
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
+        disable_created_metrics()  # as vLLM: no `_created` series
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
