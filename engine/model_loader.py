@@ -155,6 +155,11 @@ def random_state_dict(hf_config: dict[str, Any], seed: int) -> dict[str, torch.T
         if arch.qkv_bias:
             for name, rows in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
                 tensors[f"{p}self_attn.{name}.bias"] = normal(rows, std=0.1)
+        if arch.o_proj_bias:
+            tensors[f"{p}self_attn.o_proj.bias"] = normal(h, std=0.1)
+        if arch.mlp_bias:
+            for name, rows in (("gate_proj", inter), ("up_proj", inter), ("down_proj", h)):
+                tensors[f"{p}mlp.{name}.bias"] = normal(rows, std=0.1)
         tensors[f"{p}input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
         tensors[f"{p}post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
     tensors["model.norm.weight"] = 1.0 + normal(h, std=0.1)

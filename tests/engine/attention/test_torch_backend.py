@@ -1,0 +1,108 @@
+"""Paged torch attention against a dense causal float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import TorchAttentionBackend
+
+
+def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, scale: float) -> torch.Tensor:
+    """q: [n, H, D] for positions context..context+n-1; k/v: [context+n, KVH, D] -> [n, H, D]."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    allowed = torch.arange(k.shape[0])[None, :] <= (torch.arange(q.shape[0]) + context)[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
+
+
+def run_step(
+    backend: TorchAttentionBackend,
+    cache: torch.Tensor,
+    seqs: list[dict],
+    starts: list[int],
+    ends: list[int],
+) -> torch.Tensor:
+    """Run tokens [start, end) of every sequence as one flat batch; returns the attention output."""
+    bs = backend.block_size
+    q, k, v, slots, query_lens, seq_lens, tables = [], [], [], [], [], [], []
+    for seq, start, end in zip(seqs, starts, ends, strict=True):
+        q.append(seq["q"][start:end])
+        k.append(seq["k"][start:end])
+        v.append(seq["v"][start:end])
+        slots += [seq["blocks"][p // bs] * bs + p % bs for p in range(start, end)]
+        query_lens.append(end - start)
+        seq_lens.append(end)
+        tables.append(seq["blocks"])
+    metadata = backend.build_metadata(query_lens, seq_lens, tables, torch.tensor(slots), torch.device("cpu"))
+    return backend.forward(torch.cat(q), torch.cat(k), torch.cat(v), cache, metadata)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (4, 4)])
+def test_mixed_prefill_and_decode_batch_matches_dense(block_size: int, num_heads: int, num_kv_heads: int) -> None:
+    torch.manual_seed(block_size * 100 + num_kv_heads)
+    head_dim, scale, num_blocks = 16, 0.25, 256
+    backend = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale, block_size)
+    cache = torch.randn(backend.kv_cache_shape(num_blocks))  # stale values must never leak in
+    free = torch.randperm(num_blocks).tolist()
+    # (context already cached, tokens this step): decodes, chunked prefills with context, fresh prefills.
+    shapes = [(9, 1), (0, 1), (33, 1), (5, 12), (16, 7), (0, 20), (0, 3), (40, 1)]
+    seqs = []
+    for context, new in shapes:
+        total = context + new
+        blocks = [free.pop() for _ in range(-(-total // block_size))]
+        seqs.append({
+            "q": torch.randn(total, num_heads, head_dim),
+            "k": torch.randn(total, num_kv_heads, head_dim),
+            "v": torch.randn(total, num_kv_heads, head_dim),
+            "blocks": blocks,
+        })
+    # zero the blocks first: the model runner's invariant (slots read are finite and written or zero)
+    for seq in seqs:
+        cache[:, :, seq["blocks"]] = 0
+    warm = [(i, c) for i, (c, _) in enumerate(shapes) if c > 0]
+    run_step(backend, cache, [seqs[i] for i, _ in warm], [0] * len(warm), [c for _, c in warm])
+    out = run_step(backend, cache, seqs, [c for c, _ in shapes], [c + n for c, n in shapes])
+    offset = 0
+    for seq, (context, new) in zip(seqs, shapes, strict=True):
+        total = context + new
+        expected = dense_reference(seq["q"][context:total], seq["k"][:total], seq["v"][:total], context, scale)
+        torch.testing.assert_close(out[offset : offset + new], expected, atol=1e-5, rtol=1e-5)
+        offset += new
+
+
+def test_decodes_after_prefills_in_the_batch_order() -> None:
+    """Decode tokens that are not the first tokens of the batch take the indexed path."""
+    torch.manual_seed(0)
+    backend = TorchAttentionBackend(4, 2, 8, 0.3, 4)
+    cache = torch.zeros(backend.kv_cache_shape(32))
+    seqs = [
+        {"q": torch.randn(6, 4, 8), "k": torch.randn(6, 2, 8), "v": torch.randn(6, 2, 8), "blocks": [3, 9]},
+        {"q": torch.randn(4, 4, 8), "k": torch.randn(4, 2, 8), "v": torch.randn(4, 2, 8), "blocks": [7]},
+    ]
+    run_step(backend, cache, seqs[1:], [0], [3])
+    out = run_step(backend, cache, seqs, [0, 3], [6, 4])
+    torch.testing.assert_close(out[:6], dense_reference(seqs[0]["q"], seqs[0]["k"], seqs[0]["v"], 0, 0.3))
+    expected = dense_reference(seqs[1]["q"][3:], seqs[1]["k"], seqs[1]["v"], 3, 0.3)
+    torch.testing.assert_close(out[6:], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_is_written_to_its_slots_and_negative_slots_are_skipped() -> None:
+    backend = TorchAttentionBackend(2, 1, 4, 1.0, 2)
+    cache = torch.zeros(backend.kv_cache_shape(4))
+    k, v = torch.arange(12.0).view(3, 1, 4), -torch.arange(12.0).view(3, 1, 4)
+    metadata = backend.build_metadata([3], [3], [[2, 0]], torch.tensor([5, -1, 0]), torch.device("cpu"))
+    backend.forward(torch.zeros(3, 2, 4), k, v, cache, metadata)
+    flat = cache.view(2, 1, 8, 4)
+    torch.testing.assert_close(flat[0, 0, 5], k[0, 0])
+    torch.testing.assert_close(flat[1, 0, 0], v[2, 0])
+    assert flat[:, :, [1, 2, 3, 4, 6, 7]].abs().sum() == 0
+
+
+def test_block_table_too_short_is_rejected() -> None:
+    backend = TorchAttentionBackend(2, 1, 4, 1.0, 4)
+    with pytest.raises(ValueError, match="needs 2 blocks"):
+        backend.build_metadata([1], [5], [[0]], torch.tensor([4]), torch.device("cpu"))
