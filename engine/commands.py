@@ -10,3 +10,8 @@ def register(app: typer.Typer) -> None:
     from engine.entrypoints.cli import serve
 
     app.command("serve")(serve)
+
+    from engine.benchmarks.throughput import prepare_model, throughput
+
+    app.command("throughput")(throughput)
+    app.command("prepare-model")(prepare_model)

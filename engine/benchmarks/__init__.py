@@ -1,0 +1,1 @@
+"""Offline benchmarks of the engine (`bench throughput`)."""

@@ -1,0 +1,265 @@
+"""`bench throughput`: offline throughput like vLLM's, for our engine or HF transformers `generate`.
+
+Both backends get the same prompts: random token ids of exactly input_len tokens (special tokens
+excluded), and each request produces exactly output_len tokens (EOS ignored). vLLM's definitions:
+requests_per_second = num_requests / elapsed_time, tokens_per_second = (prompt + output tokens) /
+elapsed_time, output_tokens_per_second = output tokens / elapsed_time; elapsed_time covers generation
+only (model loading and KV allocation excluded).
+
+Roofline (engine backend): the command times the model's own linear-layer matmul shapes at 512 rows in
+the run's dtype and takes the best GFLOP/s. Model FLOPs of a run =
+2 * non_embedding_params * total_num_tokens + 2 * vocab_size * hidden_size * total_output_tokens
+(the LM head runs once per sampled token; attention score FLOPs are left out, <10 % at these lengths),
+so roofline_fraction = achieved GFLOP/s / roofline GFLOP/s, and roofline_tokens_per_second is the
+total tok/s the machine would reach at the roofline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+@dataclass
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int
+
+
+@dataclass
+class ThroughputResult:
+    backend: str
+    model: str
+    dtype: str
+    num_requests: int
+    elapsed_time: float
+    total_num_tokens: int
+    total_output_tokens: int
+    requests_per_second: float
+    tokens_per_second: float
+    output_tokens_per_second: float
+    roofline_gflops: float | None = None
+    model_gflop: float | None = None
+    achieved_gflops: float | None = None
+    roofline_fraction: float | None = None
+    roofline_tokens_per_second: float | None = None
+
+    @classmethod
+    def measure(cls, backend: str, model: str, dtype: str, requests: list[BenchRequest], elapsed: float) -> Any:
+        prompt = sum(len(r.prompt_token_ids) for r in requests)
+        output = sum(r.output_len for r in requests)
+        return cls(
+            backend=backend,
+            model=model,
+            dtype=dtype,
+            num_requests=len(requests),
+            elapsed_time=elapsed,
+            total_num_tokens=prompt + output,
+            total_output_tokens=output,
+            requests_per_second=len(requests) / elapsed,
+            tokens_per_second=(prompt + output) / elapsed,
+            output_tokens_per_second=output / elapsed,
+        )
+
+
+def make_requests(
+    tokenizer: Any, num_prompts: int, lengths: list[tuple[int, int]], vocab_size: int, seed: int
+) -> list[BenchRequest]:
+    import numpy as np
+
+    special = set(tokenizer.all_special_ids)
+    candidates = np.array([t for t in range(min(len(tokenizer), vocab_size)) if t not in special])
+    rng = np.random.default_rng(seed)
+    return [
+        BenchRequest(rng.choice(candidates, size=input_len).tolist(), output_len)
+        for input_len, output_len in lengths[:num_prompts]
+    ]
+
+
+def model_flops(arch: Any, total_tokens: int, output_tokens: int) -> float:
+    h, inter = arch.hidden_size, arch.intermediate_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    non_embedding = arch.num_hidden_layers * per_layer
+    return 2.0 * non_embedding * total_tokens + 2.0 * arch.vocab_size * h * output_tokens
+
+
+def measure_roofline_gflops(arch: Any, dtype: Any, device: Any, rows: int = 512, seconds: float = 0.3) -> float:
+    """Best GFLOP/s over the model's linear-layer shapes, x[rows, in] @ W[in, out]."""
+    import torch
+
+    h, inter = arch.hidden_size, arch.intermediate_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    best = 0.0
+    for in_features, out_features in ((h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)):
+        x = torch.randn(rows, in_features, dtype=dtype, device=device)
+        w = torch.randn(out_features, in_features, dtype=dtype, device=device)
+        torch.nn.functional.linear(x, w)
+        iterations, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds or iterations < 3:
+            torch.nn.functional.linear(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            iterations += 1
+        best = max(best, 2.0 * rows * in_features * out_features * iterations / elapsed / 1e9)
+    return best
+
+
+def run_engine(model: str, requests: list[BenchRequest], knobs: dict[str, Any]) -> ThroughputResult:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model, **knobs)
+    params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=r.output_len) for r in requests]
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=True)
+    elapsed = time.perf_counter() - start
+    for output, request in zip(outputs, requests, strict=True):
+        produced = len(output.outputs[0].token_ids)
+        if produced != request.output_len:
+            raise RuntimeError(f"a request produced {produced} tokens, not {request.output_len}")
+    runner = llm.llm_engine.engine_core.model_runner
+    result = ThroughputResult.measure("engine", model, str(runner.dtype).removeprefix("torch."), requests, elapsed)
+    roofline = measure_roofline_gflops(runner.arch, runner.dtype, runner.device)
+    flop = model_flops(runner.arch, result.total_num_tokens, result.total_output_tokens)
+    result.roofline_gflops = roofline
+    result.model_gflop = flop / 1e9
+    result.achieved_gflops = flop / elapsed / 1e9
+    result.roofline_fraction = result.achieved_gflops / roofline
+    result.roofline_tokens_per_second = roofline * 1e9 / (flop / result.total_num_tokens)
+    return result
+
+
+def run_hf(model: str, requests: list[BenchRequest], dtype_name: str, batch_size: int) -> ThroughputResult:
+    """transformers `generate` at its best: static batches sorted by length, inference mode, EOS ignored."""
+    import torch
+    from rich.progress import Progress
+    from transformers import AutoModelForCausalLM
+
+    from engine.model_loader import load_hf_config, resolve_model
+    from engine.model_runner import resolve_device, resolve_dtype
+    from engine.models import ArchConfig
+
+    path = resolve_model(model)
+    device = resolve_device("auto")
+    dtype = resolve_dtype(dtype_name, device, ArchConfig.from_hf(load_hf_config(path)).torch_dtype)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    pad_id = hf_model.config.pad_token_id or 0
+    ordered = sorted(requests, key=lambda r: (len(r.prompt_token_ids), r.output_len), reverse=True)
+    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    start = time.perf_counter()
+    with torch.inference_mode(), Progress(transient=True) as progress:
+        task = progress.add_task("hf generate", total=len(requests))
+        for batch in batches:
+            longest = max(len(r.prompt_token_ids) for r in batch)
+            ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            for row, r in enumerate(batch):  # left padding, as decoder-only generation needs
+                ids[row, longest - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+                mask[row, longest - len(r.prompt_token_ids) :] = 1
+            new_tokens = max(r.output_len for r in batch)
+            hf_model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=pad_id,
+            )
+            progress.advance(task, len(batch))
+    elapsed = time.perf_counter() - start
+    return ThroughputResult.measure("hf", model, str(dtype).removeprefix("torch."), requests, elapsed)
+
+
+def throughput(
+    backend: str = typer.Option("engine", help="engine | hf (transformers generate, static batches)"),
+    model: str = typer.Option("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
+    num_prompts: int = typer.Option(32, help="Number of requests."),
+    input_len: int | None = typer.Option(None, help="Prompt tokens per request (random ids) [default: 256]."),
+    output_len: int | None = typer.Option(None, help="Output tokens per request, EOS ignored [default: 128]."),
+    workload: str | None = typer.Option(None, help="Take lengths from a workload (`bench workloads list`)."),
+    seed: int = typer.Option(0, help="Seed of the prompts (and the engine)."),
+    output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
+    hf_batch_size: int = typer.Option(32, help="Static batch size of --backend hf."),
+    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda (engine backend)"),
+    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
+    max_num_seqs: int | None = typer.Option(None, help="Most requests in one batch."),
+    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one engine step."),
+    enable_prefix_caching: bool | None = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prefixes."
+    ),
+    enable_chunked_prefill: bool | None = typer.Option(
+        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps."
+    ),
+    block_size: int | None = typer.Option(None, help="Tokens per KV block."),
+    gpu_memory_utilization: float | None = typer.Option(None, help="Memory fraction (CPU: of available RAM)."),
+    num_gpu_blocks_override: int | None = typer.Option(None, help="KV-cache size in blocks."),
+) -> None:
+    """Offline throughput of the engine or of HF transformers, vLLM `bench throughput` style."""
+    if backend not in ("engine", "hf"):
+        raise typer.BadParameter(f"--backend must be engine or hf, got {backend!r}")
+    if num_prompts < 1 or hf_batch_size < 1:
+        raise typer.BadParameter("--num-prompts and --hf-batch-size must be >= 1")
+    if workload is not None and (input_len is not None or output_len is not None):
+        raise typer.BadParameter("give either --workload or --input-len/--output-len, not both")
+    if workload is None:
+        lengths = [(input_len or 256, output_len or 128)] * num_prompts
+    else:
+        import workloads
+
+        specs = workloads.load(workload, num_requests=num_prompts, seed=seed, max_model_len=max_model_len)
+        lengths = [(s.input_len, s.output_len) for s in specs]
+    if any(i < 1 or o < 1 for i, o in lengths):
+        raise typer.BadParameter("every request needs input and output lengths >= 1")
+
+    from engine.model_loader import load_hf_config, resolve_model
+    from engine.models import ArchConfig
+    from engine.tokenizer import get_tokenizer
+
+    vocab_size = ArchConfig.from_hf(load_hf_config(resolve_model(model))).vocab_size
+    requests = make_requests(get_tokenizer(model), num_prompts, lengths, vocab_size, seed)
+    if backend == "engine":
+        knobs = {
+            "dtype": dtype, "device": device, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens, "enable_prefix_caching": enable_prefix_caching,
+            "enable_chunked_prefill": enable_chunked_prefill, "block_size": block_size,
+            "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
+            "seed": seed,
+        }  # fmt: skip
+        result = run_engine(model, requests, {k: v for k, v in knobs.items() if v is not None})
+    else:
+        result = run_hf(model, requests, dtype, hf_batch_size)
+    typer.echo(
+        f"Throughput: {result.requests_per_second:.2f} requests/s, {result.tokens_per_second:.2f} total tokens/s, "
+        f"{result.output_tokens_per_second:.2f} output tokens/s ({result.num_requests} requests, "
+        f"{result.total_num_tokens} tokens, {result.elapsed_time:.2f} s, {result.backend}, {result.dtype})"
+    )
+    if result.roofline_fraction is not None:
+        typer.echo(
+            f"Roofline: {result.achieved_gflops:.1f} of {result.roofline_gflops:.1f} GFLOP/s = "
+            f"{100 * result.roofline_fraction:.1f} % (roofline ~ {result.roofline_tokens_per_second:.0f} total tok/s)"
+        )
+    if output_json is not None:
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+
+
+def prepare_model(
+    model: str = typer.Argument("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
+) -> None:
+    """Resolve a model, convert/cache its weights and tokenizer, and print where they are."""
+    from engine.model_loader import resolve_model
+    from engine.tokenizer import get_tokenizer
+
+    path = resolve_model(model)
+    get_tokenizer(model)
+    typer.echo(str(path))
