@@ -127,6 +127,16 @@ def _bootstrap(values: np.ndarray, stat: str | float, n_boot: int, rng: np.rando
     return out
 
 
+def bootstrap_ci(
+    values: np.ndarray, stat: str | float = 50.0, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float, float]:
+    """(statistic, CI low, CI high) of one sample's mean or percentile, percentile bootstrap."""
+    values = np.asarray(values, dtype=float)
+    boot = _bootstrap(values, stat, n_boot, np.random.default_rng(seed))
+    low, high = np.percentile(boot, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(_statistic(values, stat)), float(low), float(high)
+
+
 def compare_samples(
     baseline: np.ndarray, candidate: np.ndarray, stat: str | float, config: GateConfig, rng: np.random.Generator
 ) -> tuple[float, float, float, float, float, float]:

@@ -1,0 +1,142 @@
+"""`bench gate`: passes noise, fails a real regression, few false alarms, exit 2 on unusable input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from conftest import synthetic_run, synthetic_run_dir
+from typer.testing import CliRunner
+
+from cli import app
+from reports.gate import GateConfig, GateInputError, holm, parse_metric, parse_threshold, run_gate
+
+METRICS = ("ttft_p90", "tpot_p50", "e2el_p90")
+
+
+def test_same_distribution_passes_and_tpot_regression_fails():
+    config = GateConfig(metrics=METRICS, max_regression=0.05)
+    baseline = synthetic_run("base", seed=11, num_prompts=80)
+    same = synthetic_run("same", seed=12, num_prompts=80)
+    assert run_gate(baseline, same, config).passed
+    slower = synthetic_run("slower", seed=12, num_prompts=80, tpot_scale=1.2)
+    result = run_gate(baseline, slower, config)
+    assert not result.passed
+    failed = {(c.point, c.metric) for c in result.comparisons if c.failed}
+    assert {("c0001", "tpot_p50"), ("c0002", "tpot_p50"), ("c0004", "tpot_p50"), ("c0008", "tpot_p50")} <= failed
+    assert not any(c.metric == "ttft_p90" for c in result.comparisons if c.failed)  # TTFT did not change
+    tpot = [c for c in result.comparisons if c.metric == "tpot_p50"]
+    assert all(0.1 < c.change < 0.3 and c.ci_low > 0 for c in tpot)
+
+
+def test_regression_below_the_threshold_passes():
+    baseline = synthetic_run("base", seed=21, num_prompts=80)
+    slower = synthetic_run("slower", seed=22, num_prompts=80, tpot_scale=1.2)
+    assert run_gate(baseline, slower, GateConfig(metrics=("tpot_p50",), max_regression=0.5)).passed
+
+
+def test_false_alarm_rate_over_100_aa_comparisons():
+    config = GateConfig(metrics=METRICS, max_regression=0.05, n_boot=400)
+    alarms = 0
+    for k in range(100):
+        a = synthetic_run("a", seed=1000 + 2 * k, loads=[1, 4], num_prompts=40)
+        b = synthetic_run("b", seed=1001 + 2 * k, loads=[1, 4], num_prompts=40)
+        alarms += not run_gate(a, b, GateConfig(**{**vars(config), "seed": k})).passed
+    assert alarms <= 5
+
+
+def test_holm_and_parsers():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert parse_metric("tpot_p50") == ("tpot", 50.0)
+    assert parse_metric("e2el_p99.9") == ("e2el", 99.9)
+    assert parse_metric("itl_mean") == ("itl", "mean")
+    assert parse_metric("ttft_median") == ("ttft", 50.0)
+    assert parse_threshold("5%") == pytest.approx(0.05) and parse_threshold("0.1") == pytest.approx(0.1)
+    for bad in ("throughput_p50", "tpot_p", "tpot_p101"):
+        with pytest.raises(GateInputError):
+            parse_metric(bad)
+    with pytest.raises(GateInputError):
+        parse_threshold("five")
+
+
+def test_unusable_input_is_refused():
+    base = synthetic_run("base", seed=1)
+    other_workload = synthetic_run("w", seed=2, input_len=512)
+    with pytest.raises(GateInputError, match="different workloads"):
+        run_gate(base, other_workload, GateConfig())
+    fewer_points = synthetic_run("p", seed=2, loads=[1, 2, 4])
+    with pytest.raises(GateInputError, match="different points"):
+        run_gate(base, fewer_points, GateConfig())
+    salted = synthetic_run("s", seed=2)
+    salted.config["workload"]["salt"] = "another-run"
+    assert run_gate(base, salted, GateConfig()).comparisons  # the per-run salt may differ
+
+
+def test_candidate_with_no_successes_fails():
+    base = synthetic_run("base", seed=1, num_prompts=80)
+    broken = synthetic_run("broken", seed=2, num_prompts=80)
+    rows = broken.requests
+    rows.loc[rows["label"] == "c0002", "success"] = False
+    result = run_gate(base, broken, GateConfig(metrics=("tpot_p50",)))
+    assert not result.passed
+    assert [c.point for c in result.comparisons if c.failed] == ["c0002"]
+
+
+def test_cli_exit_codes_junit_and_baseline_store(tmp_path, fixture_run):
+    runner = CliRunner()
+    slow = synthetic_run_dir(tmp_path / "slow", seed=5, num_prompts=60, tpot_scale=1.25)
+    base = synthetic_run_dir(tmp_path / "base", seed=4, num_prompts=60)
+    junit = tmp_path / "out" / "gate.xml"
+    result = runner.invoke(app, ["gate", "--baseline", str(base), "--candidate", str(slow), "--metric",
+                                 "tpot_p50,ttft_p90", "--max-regression", "5%", "--junit-xml", str(junit),
+                                 "--markdown", str(tmp_path / "gate.md")])
+    assert result.exit_code == 1, result.output
+    assert "### bench gate: FAIL" in result.output and "| c0004 | tpot_p50 |" in result.output
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == 8 and {c.get("name") for c in cases} == {"tpot_p50", "ttft_p90"}
+    assert int(suite.get("failures")) == sum(c.find("failure") is not None for c in cases) >= 4
+    assert (tmp_path / "gate.md").read_text().startswith("### bench gate: FAIL")
+
+    store = tmp_path / "store"
+    result = runner.invoke(app, ["gate", "--update-baseline", "--baseline-store", str(store), "--candidate", str(base)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((store / "baseline.json").read_text())
+    assert manifest["config"]["workload"]["input_len"] == 256 and manifest["points"][0] == "c0001"
+    again = synthetic_run_dir(tmp_path / "again", seed=6, num_prompts=60)
+    result = runner.invoke(app, ["gate", "--baseline-store", str(store), "--candidate", str(again)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["gate", "--baseline-store", str(store), "--candidate", str(slow)])
+    assert result.exit_code == 1
+    runner.invoke(app, ["gate", "--update-baseline", "--baseline-store", str(store), "--candidate", str(slow)])
+    assert len((store / "history.jsonl").read_text().splitlines()) == 2
+    assert runner.invoke(app, ["gate", "--baseline-store", str(store), "--candidate", str(slow)]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing_candidate", "empty_store", "no_baseline", "mismatched_points", "mismatched_workload", "bad_metric"],
+)
+def test_cli_exit_2(tmp_path, fixture_run, case):
+    args = ["gate", "--baseline", str(fixture_run), "--candidate", str(fixture_run)]
+    if case == "missing_candidate":
+        args[-1] = str(tmp_path / "missing")
+    elif case == "empty_store":
+        args = ["gate", "--baseline-store", str(tmp_path / "store"), "--candidate", str(fixture_run)]
+    elif case == "no_baseline":
+        args = ["gate", "--candidate", str(fixture_run)]
+    elif case == "mismatched_points":
+        other = tmp_path / "run"
+        shutil.copytree(fixture_run, other)
+        (other / "points" / "c0008.json").unlink()
+        args[-1] = str(other)
+    elif case == "mismatched_workload":
+        args[-1] = str(synthetic_run_dir(tmp_path / "w", seed=3, output_len=64))
+    elif case == "bad_metric":
+        args += ["--metric", "goodput_p50"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert np.isfinite(len(result.output))
