@@ -55,7 +55,7 @@ MIX_SOURCES = (
         "CC-BY-4.0 (data)",
         AZURE_ATTRIBUTION,
         UNNAMED,
-        "Azure coding service, 1 h: long prompts (4.7 % at the 7.4k cap), tiny outputs, extremely bursty",
+        "Azure coding service, 1 h: long prompts (4.7 % near the 7,437 cap), tiny outputs, extremely bursty",
     ),
     MixSource(
         "azure-conv-2023",

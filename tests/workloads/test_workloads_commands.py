@@ -1,0 +1,31 @@
+import typer
+from typer.testing import CliRunner
+
+from workloads import commands
+
+app = typer.Typer()
+commands.register(app)
+runner = CliRunner()
+
+
+def test_list_shows_every_mix():
+    result = runner.invoke(app, ["workloads", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in ("azure-code-2023", "mooncake-conversation", "bwb-translation", "lmsys"):
+        assert name in result.output
+    assert "8,819" in result.output and "CC-BY-4.0" in result.output
+
+
+def test_show_with_plot_writes_a_png(tmp_path):
+    plot = tmp_path / "azure.png"
+    result = runner.invoke(app, ["workloads", "show", "azure-code-2023", "--plot", str(plot)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Splitwise" in result.output and "iat_cv" in result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_show_a_generator_and_an_unknown_name(tmp_path):
+    result = runner.invoke(app, ["workloads", "show", "random", "--plot", str(tmp_path / "r.png")])
+    assert result.exit_code == 0 and (tmp_path / "r.png").stat().st_size > 0
+    result = runner.invoke(app, ["workloads", "show", "nope"])
+    assert result.exit_code == 1 and "unknown workload" in result.output
