@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import arrivals, prefix, structured, synthetic
+from workloads import arrivals, mixes, prefix, structured, synthetic
 from workloads.fidelity import fidelity
 from workloads.fit import FIT_POLICIES, fit_to_model
 from workloads.loaders import load_trace
@@ -172,7 +172,10 @@ def load(
     if name in shipped_names():
         if options or input_len or output_len:
             raise ValueError(f"shipped mix {name!r} takes no length options; got {sorted(options) or 'lengths'}")
-        specs = sample(load_mix(name), num_requests, seed)
+        if mixes.is_quantile_table(name):
+            specs = mixes.sample_quantile_table(name, num_requests, seed)
+        else:
+            specs = sample(load_mix(name), num_requests, seed)
     elif name in GENERATORS:
         generator = GENERATORS[name]
         accepted = list(inspect.signature(generator).parameters)[5:]

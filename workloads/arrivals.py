@@ -111,3 +111,39 @@ def replay(timestamps: Sequence[float], time_scale: float = 1.0, tick_s: float |
             start = end
         times = spread
     return (times * time_scale).tolist()
+
+
+def rate_curve(
+    window_rates: Sequence[float],
+    num_requests: int,
+    mean_rate: float,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> list[float]:
+    """Arrivals following a piecewise-constant rate curve (e.g. ServeGen's diurnal per-window rates).
+
+    The curve's shape is kept and rescaled to `mean_rate`; it is stretched over duration_s (default: one pass,
+    num_requests / mean_rate) and repeats if the requests outlast it. Within the curve, gaps are a Gamma renewal
+    process with the given burstiness in the curve's cumulative-rate time, so burstiness 1 is an inhomogeneous
+    Poisson process.
+    """
+    _check(mean_rate, num_requests)
+    if not burstiness > 0:
+        raise ValueError(f"burstiness must be > 0, got {burstiness}")
+    shape = np.asarray(window_rates, dtype=np.float64)
+    if shape.size == 0 or np.any(shape < 0) or shape.sum() <= 0:
+        raise ValueError("window_rates must be non-negative with a positive sum")
+    duration = num_requests / mean_rate if duration_s is None else duration_s
+    if not duration > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    rng = np.random.default_rng(seed)
+    operational = _cumulative(rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=num_requests))
+    window = duration / shape.size
+    expected_per_window = shape / shape.mean() * mean_rate * window
+    cycles = int(np.ceil((operational[-1] + 1.0) / expected_per_window.sum())) if operational else 1
+    counts = np.tile(expected_per_window, cycles)
+    edges = np.concatenate([[0.0], np.cumsum(counts)])
+    # the last window edge at or below each operational time; side="right" skips zero-rate windows
+    index = np.searchsorted(edges, operational, side="right") - 1
+    return (index * window + (np.asarray(operational) - edges[index]) / counts[index] * window).tolist()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+SHOWN_METADATA = ("name", "description", "source", "licence", "attribution", "tokenizer", "token_counts", "rows")
+SHOWN_METADATA += ("derivation", "resolution")
 workloads_app = typer.Typer(help="Real length mixes, synthetic workloads and trace files.", no_args_is_help=True)
 
 
@@ -79,17 +81,7 @@ def show_command(
     except (ValueError, OSError) as error:
         console.print(f"[red]{error}")
         raise typer.Exit(1) from None
-    for key in (
-        "name",
-        "description",
-        "source",
-        "licence",
-        "attribution",
-        "tokenizer",
-        "token_counts",
-        "rows",
-        "derivation",
-    ):
+    for key in SHOWN_METADATA:
         if key in meta:
             console.print(f"[bold]{key}[/]: {escape(str(meta[key]))}")
     for key in ("input_len", "output_len"):
@@ -98,13 +90,17 @@ def show_command(
     console.print(f"[bold]correlation[/]: {meta['correlation']}")
     for key in ("arrivals", "prefix"):
         if meta.get(key):
-            console.print(f"[bold]{key}[/]: {escape(json.dumps(meta[key]))}")
+            shown = dict(meta[key])
+            if "aggregate_rate_rps" in shown:
+                rates = shown.pop("aggregate_rate_rps")
+                shown["rate_curve"] = f"{len(rates)} windows of {shown['window_s']} s, {min(rates)}-{max(rates)} req/s"
+            console.print(f"[bold]{key}[/]: {escape(json.dumps(shown))}")
     if plot is not None:
-        write_plot(specs, meta["name"], plot)
+        write_plot(specs, meta["name"], plot, (meta.get("arrivals") or {}).get("aggregate_rate_rps"))
         console.print(f"wrote {plot}")
 
 
-def write_plot(specs: list, title: str, path: Path) -> None:
+def write_plot(specs: list, title: str, path: Path, rate_curve: list[float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,6 +123,9 @@ def write_plot(specs: list, title: str, path: Path) -> None:
         counts = np.bincount((times // 60).astype(int))
         axes[1, 1].step(np.arange(counts.size), counts, where="post")
         axes[1, 1].set(xlabel="minute", ylabel="requests per minute")
+    elif rate_curve:
+        axes[1, 1].step(np.arange(len(rate_curve)), rate_curve, where="post")
+        axes[1, 1].set(xlabel="window", ylabel="aggregate requests/s")
     else:
         axes[1, 1].text(0.5, 0.5, "no timestamps in this source", ha="center", va="center")
         axes[1, 1].set_axis_off()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workloads.loaders import load_azure_csv, load_mooncake_jsonl, load_table
+from workloads.servegen import QUANTILE_LEVELS, derive_servegen
 from workloads.spec import RequestSpec
 from workloads.stats import arrival_stats, correlation, percentiles, prefix_reuse
 
@@ -139,6 +140,26 @@ MIX_SOURCES = (
 )
 
 
+@dataclass(frozen=True)
+class ServeGenSource:
+    name: str
+    label: str
+    model_dir: str  # e.g. "reason/deepseek-r1" under ServeGen's data/
+    description: str
+
+
+SERVEGEN_REPOSITORY = ("alibaba/ServeGen", "aa743362c095bc690daa3f6f70d665ea474dc0b7")
+SERVEGEN_SOURCES = (
+    ServeGenSource(
+        "servegen-deepseek-r1",
+        "ServeGen R1",
+        "reason/deepseek-r1",
+        "Alibaba Bailian DeepSeek-R1, 1 day, 73 clients: short prompts, long reasoning outputs (p90 3.4k); "
+        "marginals only, diurnal rate curve",
+    ),
+)
+
+
 def _hash_id_runs(ids: list[int]) -> list[int]:
     """[start, length, start, length, ...]: Mooncake ids are mostly consecutive runs, so this is ~20x smaller."""
     runs: list[int] = []
@@ -190,6 +211,45 @@ def derive_mix(source: MixSource, raw_file: Path) -> dict:
     }
 
 
+def derive_servegen_mix(source: ServeGenSource, model_dir: Path) -> dict:
+    """The shipped document for a ServeGen model: quantile tables and the aggregate rate curve."""
+    derived = derive_servegen(model_dir)
+    return {
+        "format": FORMAT,
+        "name": source.name,
+        "description": source.description,
+        "source": {
+            "repository": SERVEGEN_REPOSITORY[0],
+            "path": f"data/{source.model_dir}",
+            "commit": SERVEGEN_REPOSITORY[1],
+        },
+        "source_label": source.label,
+        "licence": "Apache-2.0",
+        "attribution": "Alibaba ServeGen (Bailian); cite Xiang et al., 'ServeGen', arXiv:2505.09999",
+        "tokenizer": UNNAMED,
+        "token_counts": "as published by the source (its tokenizer); used unchanged as request sizes",
+        "rows": QUANTILE_LEVELS,
+        "derivation": (
+            f"rate x window weighted mixture of {derived['clients']} clients' length PMFs (volume coverage "
+            f"{derived['dataset_volume_coverage']:.0%}), stored as inverse CDFs at k/{QUANTILE_LEVELS}; input and "
+            "output independent (no joint distribution published) (python -m workloads.derive)"
+        ),
+        "resolution": f"quantile table: 1/{QUANTILE_LEVELS} of probability (0.1 percentage point)",
+        "percentile_method": "discrete inverse CDF of the mixture PMF",
+        "source_percentiles": derived["source_percentiles"],
+        "correlation": None,
+        "arrivals": derived["arrivals"],
+        "prefix": None,
+        "columns": derived["columns"],
+    }
+
+
+def find_model_dir(raw_dir: Path, model_dir: str) -> Path | None:
+    leaf = model_dir.split("/")[-1]
+    matches = sorted(p for p in raw_dir.rglob(leaf) if p.is_dir() and any(p.glob("chunk-*-trace.csv")))
+    return matches[0] if matches else None
+
+
 def write_document(document: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{document['name']}.json.gz"
@@ -207,19 +267,27 @@ def find_raw_file(raw_dir: Path, file_name: str) -> Path | None:
 def derive_all(raw_dir: Path, out_dir: Path, names: list[str] | None = None) -> list[Path]:
     from rich.progress import Progress
 
-    sources = [source for source in MIX_SOURCES if names is None or source.name in names]
+    every = MIX_SOURCES + SERVEGEN_SOURCES
+    sources = [source for source in every if names is None or source.name in names]
     if names is not None and len(sources) != len(names):
-        known = [source.name for source in MIX_SOURCES]
+        known = [source.name for source in every]
         raise SystemExit(f"unknown mix name(s) in {names}; derivable mixes are {known}")
     written: list[Path] = []
     with Progress() as progress:
         task = progress.add_task("deriving workloads", total=len(sources))
         for source in sources:
-            raw_file = find_raw_file(raw_dir, source.file_name)
-            if raw_file is None:
-                progress.console.print(f"[yellow]skip {source.name}: {source.file_name} not found under {raw_dir}")
+            if isinstance(source, ServeGenSource):
+                raw_file, wanted = find_model_dir(raw_dir, source.model_dir), source.model_dir
             else:
-                path = write_document(derive_mix(source, raw_file), out_dir)
+                raw_file, wanted = find_raw_file(raw_dir, source.file_name), source.file_name
+            if raw_file is None:
+                progress.console.print(f"[yellow]skip {source.name}: {wanted} not found under {raw_dir}")
+            else:
+                if isinstance(source, ServeGenSource):
+                    document = derive_servegen_mix(source, raw_file)
+                else:
+                    document = derive_mix(source, raw_file)
+                path = write_document(document, out_dir)
                 progress.console.print(f"{source.name}: {path.name} ({path.stat().st_size / 1024:.0f} KiB)")
                 written.append(path)
             progress.advance(task)

@@ -7,6 +7,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from workloads.spec import RequestSpec, WorkloadInfo
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -36,8 +38,29 @@ def _expand_runs(runs: list[int]) -> list[int]:
     return [start + offset for start, length in zip(runs[::2], runs[1::2], strict=True) for offset in range(length)]
 
 
+def is_quantile_table(name: str) -> bool:
+    return "input_len_quantiles" in read_document(name)["columns"]
+
+
+def sample_quantile_table(name: str, num_requests: int | None, seed: int) -> list[RequestSpec]:
+    """Marginal quantile-table mixes (ServeGen). num_requests=None: the table itself, one request per level
+    k/1000 with outputs in a fixed shuffled order (exact marginals at the table's resolution); otherwise
+    independent inverse-CDF draws of input and output (seeded)."""
+    columns = read_document(name)["columns"]
+    inputs, outputs = np.array(columns["input_len_quantiles"]), np.array(columns["output_len_quantiles"])
+    levels = len(inputs) - 1
+    if num_requests is None:
+        order = np.random.default_rng(0).permutation(levels) + 1
+        return [RequestSpec(int(i), int(o)) for i, o in zip(inputs[1:], outputs[order], strict=True)]
+    rng = np.random.default_rng(seed)
+    draw_in, draw_out = np.ceil(rng.random((2, num_requests)) * levels).astype(int).clip(1, levels)
+    return [RequestSpec(int(i), int(o)) for i, o in zip(inputs[draw_in], outputs[draw_out], strict=True)]
+
+
 def load_mix(name: str) -> list[RequestSpec]:
     """All requests of a shipped mix in trace order, with the source's own token counts."""
+    if is_quantile_table(name):
+        return sample_quantile_table(name, None, 0)
     document = read_document(name)
     columns = document["columns"]
     inputs, outputs = columns["input_len"], columns["output_len"]
@@ -76,7 +99,7 @@ def info(name: str) -> WorkloadInfo:
         input_p90=inputs["p90"],
         output_p50=outputs["p50"],
         output_p90=outputs["p90"],
-        has_timestamps=meta["arrivals"] is not None,
+        has_timestamps="n_requests" in (meta["arrivals"] or {}),
         has_prefix_ids=meta["prefix"] is not None,
         description=meta["description"],
     )

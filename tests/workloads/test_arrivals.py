@@ -57,6 +57,20 @@ def test_replay_spreads_quantized_ticks_in_order():
     assert arrivals.replay(stamps, time_scale=2.0, tick_s=3.0)[1] == 2.0
 
 
+def test_rate_curve_follows_the_shape_and_skips_zero_windows():
+    offsets = np.array(arrivals.rate_curve([1.0, 0.0, 3.0], num_requests=20000, mean_rate=10.0, seed=4))
+    assert np.all(np.diff(offsets) >= 0) and offsets[-1] == pytest.approx(2000, rel=0.02)
+    window = 2000 / 3
+    counts = np.histogram(offsets, bins=[0, window, 2 * window, 3 * window + 50])[0]
+    assert counts[1] == 0
+    assert counts[0] / counts[2] == pytest.approx(1 / 3, rel=0.05)
+    repeated = np.array(arrivals.rate_curve([1.0, 3.0], 20000, 10.0, duration_s=500, seed=4))
+    first_halves = np.sum((repeated % 500) < 250)
+    assert first_halves / len(repeated) == pytest.approx(0.25, abs=0.01)
+    bursty = np.diff(arrivals.rate_curve([1.0], 20000, 10.0, burstiness=0.25, seed=4))
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.05)
+
+
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="rate"):
         arrivals.poisson(0.0, 5)

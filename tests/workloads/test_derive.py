@@ -45,6 +45,17 @@ def test_shipped_statistics_match_the_source_summary(name):
             assert value == summary["prefix_reuse"][key], key
 
 
+def test_servegen_statistics_match_the_source_summary():
+    summary = json.loads((SHARED / "summary.json").read_text())["traces"]["servegen_reason_deepseek-r1"]
+    meta = metadata("servegen-deepseek-r1")
+    for ours, theirs in (("input_len", "input_tokens"), ("output_len", "output_tokens")):
+        for key, value in meta["source_percentiles"][ours].items():
+            assert value == pytest.approx(summary["lengths"][theirs][key], rel=1e-4), (ours, key)
+    assert meta["arrivals"]["mean_rate_rps"] == summary["aggregate_rate_rps"]["mean"]
+    assert len(meta["arrivals"]["aggregate_rate_rps"]) == 144
+    assert meta["arrivals"]["volume_weighted_mean_client_iat_cv"] == summary["volume_weighted_mean_client_iat_cv"]
+
+
 def test_derivation_reproduces_the_shipped_bytes(tmp_path):
     names = ["azure-code-2023", "lmsys"]
     written = derive_all(SHARED / "raw", tmp_path, names)

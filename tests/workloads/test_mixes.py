@@ -100,3 +100,21 @@ def test_list_workloads_and_errors():
         workloads.load("sharegpt", input_len=10)
     with pytest.raises(ValueError, match="does not take option"):
         workloads.load("random", fit_to="sharegpt")
+
+
+def test_servegen_quantile_table_matches_within_its_resolution():
+    meta = metadata("servegen-deepseek-r1")
+    assert "1/1000" in meta["resolution"] and meta["arrivals"]["window_s"] == 600
+    table = workloads.load("servegen-deepseek-r1")
+    assert len(table) == 1000
+    for column in ("input_len", "output_len"):
+        values = np.sort([getattr(s, column) for s in table])
+        for q in (1, 10, 25, 50, 75, 90, 99):
+            level = q * 10  # the table's grid is k/1000
+            low, high = values[level - 2], values[level]  # one grid step either side
+            assert low <= meta["source_percentiles"][column][f"p{q}"] <= high, (column, q)
+    drawn = workloads.load("servegen-deepseek-r1", num_requests=20000, seed=5)
+    assert drawn == workloads.load("servegen-deepseek-r1", num_requests=20000, seed=5)
+    median = np.median([s.output_len for s in drawn])
+    assert median == pytest.approx(meta["source_percentiles"]["output_len"]["p50"], rel=0.05)
+    assert not workloads.mixes.info("servegen-deepseek-r1").has_timestamps

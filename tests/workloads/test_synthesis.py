@@ -30,7 +30,7 @@ def test_word_pool_is_large_and_additive(tokenizer):
 
 
 def test_raw_prompts_hit_1000_random_targets_exactly(tokenizer):
-    targets = np.random.default_rng(0).integers(1, 1024, 1000)
+    targets = np.random.default_rng(0).integers(1, 768, 1000)
     prompts = synthesize([RequestSpec(int(t), 8) for t in targets], tokenizer, endpoint="completions", seed=1)
     counts = [len(ids) for ids in tokenizer([p.prompt for p in prompts]).input_ids]
     assert counts == targets.tolist()
@@ -38,7 +38,7 @@ def test_raw_prompts_hit_1000_random_targets_exactly(tokenizer):
 
 
 def test_chat_prompts_hit_1000_random_targets_exactly(tokenizer):
-    targets = np.random.default_rng(1).integers(31, 1024, 1000)
+    targets = np.random.default_rng(1).integers(31, 768, 1000)
     prompts = synthesize([RequestSpec(int(t), 8) for t in targets], tokenizer, endpoint="chat", seed=1)
     assert [len(chat_ids(tokenizer, p.messages)) for p in prompts] == targets.tolist()
     assert all(p.prompt is None and p.messages[-1]["role"] == "user" for p in prompts)

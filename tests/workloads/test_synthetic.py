@@ -35,11 +35,7 @@ def test_lognormal_fit_keeps_medians_and_correlation():
 
 
 def test_mixture_follows_weights():
-    specs = workloads.load(
-        "mixture:fixed=3,random=1",
-        num_requests=8000,
-        seed=0,
-    )
+    specs = workloads.load("mixture:fixed=3,random=1", num_requests=8000, seed=0)
     fixed_share = np.mean([s.input_len == 512 and s.output_len == 128 for s in specs])
     assert fixed_share == pytest.approx(0.75, abs=0.02)
     with pytest.raises(ValueError, match="weights"):
