@@ -193,7 +193,7 @@ def timeline(run: RunData, label: str) -> Figure:
             ax.barh(y, req["end_time"] - origin - send, left=send, color="tab:red", height=0.8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("lightgrey", "tab:orange", "tab:blue", "tab:red")]
     names = ["client queue", "waiting for first token", "streaming", "failed"]
-    ax.legend(handles, names, fontsize=7, loc="lower right")
+    ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set(title=f"request timeline: {run.name} {label}", xlabel="seconds since the point started", ylabel="request")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +141,21 @@ def test_cli_exit_2(tmp_path, fixture_run, case):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert np.isfinite(len(result.output))
+
+
+def test_example_workflow_uses_real_flags():
+    import typer.main
+    import yaml
+
+    from reports.gate import __file__ as gate_file
+
+    workflow = yaml.safe_load((Path(gate_file).parents[1] / "docs" / "gate-github-actions.yml").read_text())
+    commands = typer.main.get_command(app).commands
+    options = {name: {o for p in cmd.params for o in p.opts} for name, cmd in commands.items()}
+    env = workflow["env"]
+    assert {f for f in env["SWEEP_FLAGS"].split() if f.startswith("--")} <= options["sweep"]
+    assert {f for f in env["GATE_FLAGS"].split() if f.startswith("--")} <= options["gate"]
+    runs = "\n".join(s.get("run", "") for s in workflow["jobs"]["gate"]["steps"]).replace("\\\n", " ")
+    bench_lines = [line for line in runs.splitlines() if ".venv/bin/bench " in line]
+    used = {f for line in bench_lines for f in line.split() if f.startswith("--")}
+    assert used - options["sweep"] <= options["gate"]

@@ -1,0 +1,76 @@
+"""End to end: `bench sweep` against `bench mock-server`, then `bench report` and `bench gate` on the runs."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+BENCH = [sys.executable, str(Path(__file__).resolve().parents[2] / "cli.py")]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def mock_server(itl_ms: float):
+    port = _free_port()
+    proc = subprocess.Popen([*BENCH, "mock-server", "--port", str(port), "--ttft-ms", "20", "--itl-ms", str(itl_ms)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("mock server did not start") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _sweep(url: str, out: Path) -> Path:
+    cmd = [*BENCH, "sweep", "--url", url, "--model", "mock", "--tokenizer", "tiny-random", "--concurrency", "1,4",
+           "--num-prompts", "24", "--input-len", "32", "--output-len", "12", "--slo", "ttft=100,tpot=12",
+           "--output-dir", str(out), "--no-report"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.mark.slow
+def test_sweep_report_gate(tmp_path):
+    with mock_server(itl_ms=10) as url:
+        base = _sweep(url, tmp_path / "base")
+        again = _sweep(url, tmp_path / "again")
+    with mock_server(itl_ms=14) as url:
+        slow = _sweep(url, tmp_path / "slow")
+
+    report = subprocess.run([*BENCH, "report", str(base), str(slow), "--slo", "tpot=12", "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "**base**" in markdown and "**slow**" in markdown and "TPOT <= 12 ms" in markdown
+
+    def gate(candidate: Path, threshold: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*BENCH, "gate", "--baseline", str(base), "--candidate", str(candidate), "--metric",
+                               "tpot_p50", "--max-regression", threshold], capture_output=True, text=True, timeout=300)
+
+    # Client noise on a shared machine is not in the bootstrap interval: a wide guard band for A/A.
+    same = gate(again, "25%")
+    assert same.returncode == 0, same.stdout + same.stderr
+    slower = gate(slow, "25%")  # +40 % programmed inter-token gap
+    assert slower.returncode == 1, slower.stdout + slower.stderr
+    assert "❌ regression" in slower.stdout
