@@ -70,6 +70,7 @@ def tune(
 ) -> None:
     """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
     import logging
+    import warnings
 
     import optuna
     from rich.console import Console
@@ -79,7 +80,7 @@ def tune(
     from sweep.tune.objective import ObjectiveSpec
     from sweep.tune.report import render_best_sweep_report, write_report
     from sweep.tune.space import DeviceInfo, SpaceError, build_space
-    from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
+    from sweep.tune.study import TuneAborted, TuneObjective, open_study, run_study, storage_url
 
     console = Console()
     try:
@@ -113,12 +114,17 @@ def tune(
     info = {"model": model, "workload": workload, "slo": slo_ms, "attainment": attainment, "objective": objective,
             "load_mode": mode, "load": load, "launch_command": launch_command or "", "repeats": repeats}
     optuna.logging.set_verbosity(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(url, name, spec, seed, info)
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
     tune_objective = TuneObjective(search_space, spec, backend, output_dir, repeats=repeats,
                                    model_max_len=model_max_len)
     console.print(f"study [bold]{name}[/bold] in {url}")
-    run_study(study, tune_objective, n_trials=n_trials, timeout=timeout)
+    aborted: TuneAborted | None = None
+    try:
+        run_study(study, tune_objective, n_trials=n_trials, timeout=timeout)
+    except TuneAborted as err:
+        aborted = err
 
     best = best_commands(study, model, launch_command)
     if best and best[0]["run_dir"]:
@@ -136,6 +142,9 @@ def tune(
             console.print(f"  external: {entry['launch_command']}")
         console.print(f"  run dir: {entry['run_dir']}")
     console.print(f"report: {report}")
+    if aborted is not None:
+        console.print(f"[red]stopped:[/red] {aborted}")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -236,9 +236,14 @@ def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, sp
             fixed[name] = spec["fixed"]
             return
         base = knobs.get(name)
-        kind = spec.get("kind") or ("categorical" if "choices" in spec else None) or (base.kind if base else None)
-        if kind is None or (kind in ("int", "float") and "choices" in spec):
-            kind = "categorical" if "choices" in spec else "int"
+        kind = spec.get("kind")
+        if kind is None and "choices" in spec:
+            kind = "categorical"
+        elif kind is None and {"low", "high"} & set(spec):
+            bounds = [spec.get("low"), spec.get("high"), spec.get("step")]
+            kind = "float" if any(isinstance(b, float) for b in bounds) else "int"
+        elif kind is None:
+            kind = base.kind if base else "categorical"
         settings = {k: v for k, v in spec.items() if k != "kind"}
         if "choices" in settings:
             settings.update(low=None, high=None)
@@ -299,7 +304,7 @@ def serve_args(knobs: dict[str, Any], space: SearchSpace | None = None) -> list[
 
 
 def serve_command(model: str, knobs: dict[str, Any], extra: Sequence[str] = ()) -> str:
-    return shlex.join(["bench", "serve", "--model", model, *serve_args(knobs), *extra])
+    return shlex.join(["bench", "serve", model, *serve_args(knobs), *extra])
 
 
 def fill_template(template: str, model: str, knobs: dict[str, Any], port: int | None = None,

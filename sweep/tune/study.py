@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,19 +60,31 @@ def storage_url(storage: str | None, output_dir: Path) -> str:
     return storage
 
 
-def open_storage(url: str) -> RDBStorage:
+def open_storage(url: str, attempts: int = 5) -> RDBStorage:
+    """The RDB storage with heartbeats; retried because workers starting together race to create its schema."""
+    import sqlalchemy.exc
+
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    return RDBStorage(
-        url,
-        engine_kwargs=engine_kwargs,
-        heartbeat_interval=HEARTBEAT_INTERVAL_S,
-        grace_period=GRACE_PERIOD_S,
-        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-    )
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                )
+        except sqlalchemy.exc.SQLAlchemyError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 + random.random() * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: dict[str, Any]) -> optuna.Study:
@@ -175,28 +189,31 @@ class TuneObjective:
         return on_point
 
     def __call__(self, trial: optuna.Trial) -> float | list[float]:
+        try:
+            values = self._run(trial)
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:  # kept as a FAIL trial with its traceback; `run_study` stops repeated ones
+            trial.set_user_attr("status", "error")
+            trial.set_user_attr("error", "".join(traceback.format_exception(err))[-4000:])
+            raise
+        return values[0] if len(values) == 1 else values
+
+    def _run(self, trial: optuna.Trial) -> list[float]:
         knobs = self.space.suggest(trial)
         trial.set_user_attr("worker", worker_identity())
         trial.set_user_attr("knobs", knobs)
         trial_dir = self.output_dir / "trials" / f"trial_{trial.number:04d}"
         trial.set_user_attr("run_dir", str(trial_dir.resolve()))
         if violation := known_constraint_violation(knobs, self.model_max_len):
-            values = self._infeasible(trial, f"known constraint: {violation}")
-            return values[0] if len(values) == 1 else values
+            return self._infeasible(trial, f"known constraint: {violation}")
         evaluations: list[Evaluation] = []
         try:
             with self.backend.launch(knobs, trial_dir) as measure_for_repeat:
                 for repeat in range(self.repeats):
                     evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
         except Infeasible as err:
-            values = self._infeasible(trial, str(err))
-            return values[0] if len(values) == 1 else values
-        except optuna.TrialPruned:
-            raise
-        except Exception as err:
-            trial.set_user_attr("status", "error")
-            trial.set_user_attr("error", "".join(traceback.format_exception(err))[-4000:])
-            raise
+            return self._infeasible(trial, str(err))
         values, spreads = combine_repeats(evaluations)
         trial.set_user_attr("status", "ok")
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])
@@ -208,7 +225,7 @@ class TuneObjective:
             trial.set_user_attr("bracket", list(evaluations[0].bracket))
         trial.set_constraint("starts", -1.0)
         trial.set_constraint("slo", max(attainment_violation(self.spec, e) for e in evaluations))
-        return values[0] if len(values) == 1 else values
+        return values
 
 
 def _is_scalar(value: Any) -> bool:
@@ -259,20 +276,34 @@ def _progress(study: optuna.Study, n_trials: int, timeout: float | None) -> Iter
         yield update
 
 
+class TuneAborted(RuntimeError):
+    """Trials keep failing with unexpected errors (a bug or a broken environment, not an infeasible config)."""
+
+
 def run_study(study: optuna.Study, objective: TuneObjective, n_trials: int, timeout: float | None,
-              show_progress: bool = True) -> None:
-    """Run trials until the study holds `n_trials` finished trials (all workers together) or `timeout` passes."""
+              show_progress: bool = True, max_consecutive_errors: int = 3) -> None:
+    """Run trials until the study holds `n_trials` finished trials (all workers together) or `timeout` passes.
+
+    A trial that raises an unexpected error is kept as FAIL with its traceback; after `max_consecutive_errors`
+    in a row this worker stops with `TuneAborted` instead of burning the budget on the same error.
+    """
     recover_dead_local_trials(study)
     optuna.storages.fail_stale_trials(study)
     if finished_count(study) >= n_trials:
         return
+    errors: list[FrozenTrial] = []
 
-    def stop_when_done(study: optuna.Study, _trial: FrozenTrial) -> None:
+    def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
+        errors[:] = [*errors, trial] if trial.state == TrialState.FAIL else []
         running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if finished_count(study) + running >= n_trials:
+        if finished_count(study) + running >= n_trials or len(errors) >= max_consecutive_errors:
             study.stop()
 
     progress = _progress(study, n_trials, timeout) if show_progress else contextlib.nullcontext(None)
     with progress as update:
         callbacks = [stop_when_done] + ([update] if update is not None else [])
         study.optimize(objective, n_trials=None, timeout=timeout, callbacks=callbacks, catch=(Exception,))
+    if len(errors) >= max_consecutive_errors:
+        last = errors[-1].user_attrs.get("error", "(no error recorded)")
+        raise TuneAborted(f"{len(errors)} trials in a row failed with unexpected errors "
+                          f"(trials {[t.number for t in errors]}); the last one:\n{last}")

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweep.tune.space import (
+    DeviceInfo,
+    SpaceError,
+    build_space,
+    engine_knob_names,
+    fill_template,
+    known_constraint_violation,
+    serve_args,
+    serve_command,
+)
+
+CPU = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=600)
+
+
+def test_engine_knob_names_come_from_the_config_dataclasses() -> None:
+    names = engine_knob_names()
+    assert {"max_num_seqs", "max_num_batched_tokens", "block_size", "enable_prefix_caching", "max_model_len"} <= names
+
+
+def test_cpu_space_excludes_what_the_device_and_workload_cannot_use() -> None:
+    space = build_space(CPU)
+    assert "gpu_memory_utilization" not in space.names
+    assert any("gpu_memory_utilization: not tuned on cpu" in n for n in space.notes)
+    max_len = next(k for k in space.knobs if k.name == "max_model_len")
+    assert max_len.choices == [1024, 2048]  # 512 is shorter than the workload's 600-token requests
+    assert any("excluded [512]" in n for n in space.notes)
+    # knobs this engine does not have yet are not declared at all
+    assert not {"tensor_parallel_size", "quantization", "num_speculative_tokens"} & set(space.names)
+
+
+def test_future_knobs_are_declared_when_the_engine_has_them_and_filtered_by_device() -> None:
+    fields = engine_knob_names() | {"tensor_parallel_size", "num_speculative_tokens"}
+    gpu2 = DeviceInfo(device="cuda", num_devices=2, engine_fields=fields, model_max_len=4096)
+    space = build_space(gpu2)
+    tp = next(k for k in space.knobs if k.name == "tensor_parallel_size")
+    assert tp.choices == [1, 2]
+    assert any("tensor_parallel_size: excluded [4, 8]" in n for n in space.notes)
+    assert "num_speculative_tokens" in space.names and "gpu_memory_utilization" in space.names
+    one_gpu = build_space(DeviceInfo(device="cuda", num_devices=1, engine_fields=fields))
+    assert "tensor_parallel_size" not in one_gpu.names and one_gpu.fixed["tensor_parallel_size"] == 1
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_space_file_overrides_pins_and_removes_knobs(tmp_path: Path, suffix: str) -> None:
+    spec = {"max_num_seqs": {"choices": [2, 4]}, "max_num_batched_tokens": {"low": 256, "high": 1024, "log": True},
+            "block_size": 16, "enable_prefix_caching": None, "dtype": {"fixed": "float32"}}
+    path = tmp_path / f"space{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(spec))
+    else:
+        import yaml
+
+        path.write_text(yaml.safe_dump({"knobs": spec}))
+    space = build_space(CPU, path)
+    assert space.fixed["block_size"] == 16 and space.fixed["dtype"] == "float32"
+    assert "enable_prefix_caching" not in space.names and "enable_prefix_caching" not in space.fixed
+    trial = optuna.create_study().ask()
+    knobs = space.suggest(trial)
+    assert knobs["max_num_seqs"] in (2, 4) and 256 <= knobs["max_num_batched_tokens"] <= 1024
+    assert isinstance(knobs["max_num_batched_tokens"], int)
+
+
+def test_bad_space_files_are_clear_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"max_num_sequences": {"choices": [1]}}))
+    with pytest.raises(SpaceError, match="unknown knob 'max_num_sequences'"):
+        build_space(CPU, bad)
+    bad.write_text(json.dumps({"max_num_seqs": {"choices": [1], "lo": 3}}))
+    with pytest.raises(SpaceError, match="unknown setting"):
+        build_space(CPU, bad)
+    bad.write_text("{not json")
+    with pytest.raises(SpaceError, match="not valid JSON"):
+        build_space(CPU, bad)
+    with pytest.raises(SpaceError, match="does not exist"):
+        build_space(CPU, tmp_path / "missing.yaml")
+
+
+def test_known_constraints() -> None:
+    assert known_constraint_violation({"max_num_seqs": 64, "max_num_batched_tokens": 32}, None)
+    off = {"enable_chunked_prefill": False, "max_num_batched_tokens": 512}
+    assert "chunked prefill is off" in known_constraint_violation(off, 2048)
+    assert known_constraint_violation({**off, "max_model_len": 512}, 2048) is None
+    assert known_constraint_violation({"enable_chunked_prefill": True, "max_num_batched_tokens": 512}, 2048) is None
+
+
+def test_serve_command_and_templates() -> None:
+    knobs = {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True, "max_model_len": None}
+    assert serve_args(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
+    assert shlex.split(serve_command("tiny-random", knobs))[:3] == ["bench", "serve", "tiny-random"]
+    filled = fill_template("vllm serve {model} --port {port} --max-num-seqs {max_num_seqs} "
+                           "{enable_prefix_caching_flag}", "m", knobs, port=9)
+    assert filled == "vllm serve m --port 9 --max-num-seqs 8 --no-enable-prefix-caching"
+    assert fill_template("x {knob_flags}", "m", {"block_size": 16}) == "x --block-size 16"
+    with pytest.raises(SpaceError, match="max_num_sequences"):
+        fill_template("vllm serve {model} --max-num-seqs {max_num_sequences}", "m", knobs)
