@@ -1,9 +1,237 @@
-"""`bench` sub-commands owned by this package. Import heavy modules inside each command."""
+"""`bench sweep`, `bench mock-server`, `bench calibrate`. Heavy modules are imported inside each command."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+ENGINE_PANEL = "Built-in engine (no --url)"
+LOAD_PANEL = "Load"
+WORKLOAD_PANEL = "Workload"
+
+
+def _floats(text: str | None, flag: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from None
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def sweep(
+    concurrency: str | None = typer.Option(
+        None, help="Closed-loop streams per point, e.g. 1,2,4,8.", rich_help_panel=LOAD_PANEL
+    ),
+    request_rate: str | None = typer.Option(
+        None, help="Open-loop request rates (req/s) per point, e.g. 1,2,4.", rich_help_panel=LOAD_PANEL
+    ),
+    burstiness: float = typer.Option(
+        1.0, help="Gamma shape of inter-arrival times (1 = Poisson).", rich_help_panel=LOAD_PANEL
+    ),
+    max_concurrency: int | None = typer.Option(
+        None, help="Rate mode: cap on in-flight requests.", rich_help_panel=LOAD_PANEL
+    ),
+    num_prompts: int | None = typer.Option(
+        None, help="Requests per point (default 200 unless --duration).", rich_help_panel=LOAD_PANEL
+    ),
+    duration: float | None = typer.Option(None, help="Seconds of sending per point.", rich_help_panel=LOAD_PANEL),
+    num_warmups: int = typer.Option(
+        0, help="Warm-up requests per point (distinct prompts, not measured).", rich_help_panel=LOAD_PANEL
+    ),
+    reset_prefix_cache: bool = typer.Option(
+        False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
+    ),
+    max_load_under_slo: bool = typer.Option(
+        False, "--max-load-under-slo", help="Search the largest load meeting --attainment.", rich_help_panel=LOAD_PANEL
+    ),
+    attainment: float = typer.Option(
+        0.9, help="SLO attainment goal for --max-load-under-slo.", rich_help_panel=LOAD_PANEL
+    ),
+    slo: str | None = typer.Option(None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
+    percentiles: str = typer.Option("50,90,99", help="Percentiles to report."),
+    url: str | None = typer.Option(
+        None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
+    ),
+    model: str = typer.Option("smollm2-135m", help="Model name (sent in requests; the built-in engine loads it)."),
+    tokenizer: str | None = typer.Option(
+        None, help="Tokenizer for prompt synthesis (alias, HF dir, hub id); default: --model."
+    ),
+    api_key: str | None = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the target."),
+    endpoint: str = typer.Option("completions", help="completions | chat.", rich_help_panel=WORKLOAD_PANEL),
+    workload: str = typer.Option(
+        "random", help="Workload name or trace path (see `bench workloads list`).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    input_len: int | None = typer.Option(
+        None, help="fixed/random: prompt tokens (default 1024).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    output_len: int | None = typer.Option(
+        None, help="fixed/random: output tokens (default 128).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    random_range_ratio: float = typer.Option(
+        0.0, help="random: lengths uniform in L*(1 +- r).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    seed: int = typer.Option(0, help="Workload seed.", rich_help_panel=WORKLOAD_PANEL),
+    fit_policy: str = typer.Option(
+        "clip",
+        help="How requests longer than --max-model-len are fitted: clip | drop | rescale.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    max_model_len: int | None = typer.Option(
+        None, help="Fit the workload to this context (and the engine knob).", rich_help_panel=ENGINE_PANEL
+    ),
+    max_num_seqs: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    max_num_batched_tokens: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    enable_prefix_caching: bool | None = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=ENGINE_PANEL
+    ),
+    enable_chunked_prefill: bool | None = typer.Option(
+        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=ENGINE_PANEL
+    ),
+    block_size: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    dtype: str | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    gpu_memory_utilization: float | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
+    client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
+    ),
+) -> None:
+    """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
+    from sweep.metrics import parse_slo
+    from sweep.runner import WorkloadConfig
+    from sweep.sweeper import SweepConfig, run_sweep
+
+    if (concurrency is None) == (request_rate is None):
+        _fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
+    mode = "concurrency" if concurrency is not None else "rate"
+    knobs = {
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "enable_prefix_caching": enable_prefix_caching,
+        "enable_chunked_prefill": enable_chunked_prefill,
+        "block_size": block_size,
+        "dtype": dtype,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    if url is not None and any(v is not None for k, v in knobs.items() if k != "max_model_len"):
+        _fail("engine knobs apply only to the built-in engine; drop them or drop --url")
+    try:
+        config = SweepConfig(
+            output_dir=output_dir,
+            mode=mode,
+            values=_floats(
+                concurrency if mode == "concurrency" else request_rate, f"--{mode.replace('rate', 'request-rate')}"
+            ),
+            url=url,
+            model=model,
+            tokenizer=tokenizer,
+            api_key=api_key,
+            engine_knobs={k: v for k, v in knobs.items() if v is not None} if url is None else {},
+            workload=WorkloadConfig(
+                workload=workload,
+                input_len=input_len if input_len is not None else (1024 if workload in ("fixed", "random") else None),
+                output_len=output_len if output_len is not None else (128 if workload in ("fixed", "random") else None),
+                range_ratio=random_range_ratio,
+                max_model_len=max_model_len,
+                fit_policy=fit_policy,
+                seed=seed,
+                endpoint=endpoint,
+            ),
+            num_prompts=num_prompts,
+            duration=duration,
+            burstiness=burstiness,
+            max_concurrency=max_concurrency,
+            num_warmups=num_warmups,
+            reset_prefix_cache=reset_prefix_cache,
+            slo=parse_slo(slo),
+            percentiles=_floats(percentiles, "--percentiles"),
+            max_load_under_slo=max_load_under_slo,
+            attainment=attainment,
+            resume=resume,
+            client_procs=client_procs,
+        )
+        run_dir = run_sweep(config)
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+    typer.echo(f"results: {run_dir}")
+    if report:
+        _render_report(run_dir, config.slo)
+
+
+def _render_report(run_dir: Path, slo: dict | None) -> None:
+    import reports
+
+    render = getattr(reports, "render_report", None)
+    if render is None:
+        return
+    out = render([run_dir], run_dir / "report", slo=slo)
+    typer.echo(f"report: {out}")
+
+
+def mock_server(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    ttft_ms: float = typer.Option(50.0, help="Programmed time to first token."),
+    itl_ms: float = typer.Option(10.0, help="Programmed gap between tokens."),
+    output_len: int | None = typer.Option(None, help="Cap on output tokens (default: max_tokens decides)."),
+    tokens_per_chunk: int = typer.Option(1, help="Tokens per SSE event (>1 mimics coalesced streams)."),
+    model: str = typer.Option("mock", help="Model id reported by /v1/models."),
+    workers: int = typer.Option(1, help="Server processes sharing the port."),
+) -> None:
+    """An OpenAI-compatible server streaming on a programmed schedule (for calibration and tests)."""
+    from sweep.mock_server import MockConfig, serve
+
+    try:
+        config = MockConfig(host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model)
+    except ValueError as e:
+        _fail(str(e))
+    typer.echo(f"mock server on http://{host}:{port}/v1 (TTFT {ttft_ms} ms, ITL {itl_ms} ms)")
+    serve(config, workers=workers)
+
+
+def calibrate(
+    concurrency: str = typer.Option("1,64,256", help="Concurrencies to probe (those of your sweep)."),
+    output_len: int = typer.Option(64, help="Tokens per request."),
+    num_prompts: int | None = typer.Option(None, help="Requests per concurrency (default 4 x concurrency, >= 16)."),
+    ttft_ms: float = typer.Option(50.0),
+    itl_ms: float = typer.Option(10.0),
+    client_procs: int = typer.Option(1, help="Client processes."),
+    endpoint: str = typer.Option("completions"),
+    max_rate: bool = typer.Option(True, "--max-rate/--no-max-rate", help="Also measure the maximum chunks/s (ITL 0)."),
+    mock_workers: int = typer.Option(1, help="Mock server processes (so the mock is not the bottleneck)."),
+    output_json: Path | None = typer.Option(None, help="Also write the figures as JSON."),
+) -> None:
+    """Drive a local mock server and report the client's added latency and its maximum streamed chunks/s."""
+    from sweep.calibrate import CalibrateConfig, run_calibration
+
+    try:
+        config = CalibrateConfig(
+            concurrencies=[int(c) for c in _floats(concurrency, "--concurrency")],
+            output_len=output_len,
+            num_prompts=num_prompts,
+            ttft_ms=ttft_ms,
+            itl_ms=itl_ms,
+            client_procs=client_procs,
+            endpoint=endpoint,
+            max_rate=max_rate,
+            mock_workers=mock_workers,
+        )
+        run_calibration(config, output_json)
+    except (ValueError, RuntimeError) as e:
+        _fail(str(e))
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
+    app.command("sweep")(sweep)
+    app.command("mock-server")(mock_server)
+    app.command("calibrate")(calibrate)

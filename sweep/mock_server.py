@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import uuid
 from dataclasses import dataclass
-
-from aiohttp import web
 
 TOKEN_TEXT = " hello"
 
@@ -40,10 +40,14 @@ class MockConfig:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
 
 
+# asyncio's epoll waits round timeouts up to whole milliseconds, so a timer fires 0-1 ms late (0.5 ms on
+# average); aiming half a millisecond early centres each emission on its programmed time.
+TIMER_CENTRING_S = 0.0005
+
+
 async def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    # Always yields, even when already due, so zero-gap streams interleave instead of bursting.
+    await asyncio.sleep(max(0.0, deadline - time.perf_counter() - TIMER_CENTRING_S))
 
 
 def _num_prompt_tokens(body: dict) -> int:
@@ -54,45 +58,45 @@ def _num_prompt_tokens(body: dict) -> int:
 
 
 class MockServer:
+    """Request handling; `protocol()` serves it over a minimal HTTP/1.1 keep-alive protocol.
+
+    Plain asyncio instead of aiohttp.web: one transport.write per SSE event keeps the mock's own cost per
+    streamed chunk several times lower, so at hundreds of streams the client, not the mock, is measured.
+    """
+
     def __init__(self, config: MockConfig) -> None:
         self.config = config
         self.num_requests = 0
         self.num_resets = 0
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
+    def protocol(self) -> _HttpConnection:
+        return _HttpConnection(self)
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
+    async def handle(self, conn: _HttpConnection, method: str, path: str, body: bytes, arrival: float) -> None:
+        path = path.split("?", 1)[0]
+        if method == "GET" and path == "/health":
+            conn.respond(200, b"")
+        elif method == "GET" and path == "/v1/models":
+            conn.respond_json(200, {"object": "list", "data": [{"id": self.config.model, "object": "model"}]})
+        elif method == "POST" and path == "/reset_prefix_cache":
+            self.num_resets += 1
+            conn.respond(200, b"")
+        elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            await self.generate(conn, body, arrival, chat=path.endswith("chat/completions"))
+        else:
+            conn.respond_json(404, {"error": {"message": f"no route {method} {path}"}})
 
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.config.model, "object": "model"}]})
-
-    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        self.num_resets += 1
-        return web.Response(text="")
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
-
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        arrival = time.perf_counter()
+    async def generate(self, conn: _HttpConnection, raw: bytes, arrival: float, chat: bool) -> None:
         try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            conn.respond_json(400, {"error": {"message": "body is not JSON"}})
+            return
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = 16 if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
-            return web.json_response({"error": {"message": f"max_tokens must be >= 1, got {max_tokens}"}}, status=400)
+            conn.respond_json(400, {"error": {"message": f"max_tokens must be >= 1, got {max_tokens}"}})
+            return
         self.num_requests += 1
         cfg = self.config
         n = min(max_tokens, cfg.output_len) if cfg.output_len else max_tokens
@@ -112,7 +116,8 @@ class MockServer:
             text = TOKEN_TEXT * n
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            return web.json_response(
+            conn.respond_json(
+                200,
                 {
                     "id": request_id,
                     "object": "chat.completion" if chat else "text_completion",
@@ -120,11 +125,11 @@ class MockServer:
                     "choices": [choice],
                     "usage": _usage(prompt_tokens, n),
                     "servelab": timing,
-                }
+                },
             )
+            return
         options = body.get("stream_options") or {}
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
+        conn.start_stream()
         sent = 0
         while sent < n:
             await _sleep_until(first_token_at + (sent + cfg.tokens_per_chunk - 1) * cfg.itl_ms / 1000.0)
@@ -147,13 +152,92 @@ class MockServer:
                 chunk["usage"] = _usage(prompt_tokens, sent)
             if sent == n:
                 chunk["servelab"] = timing
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            conn.send_event(json.dumps(chunk))
         if options.get("include_usage"):
-            final = {"id": request_id, "model": cfg.model, "choices": [], "usage": _usage(prompt_tokens, n)}
-            await response.write(f"data: {json.dumps(final)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+            conn.send_event(
+                json.dumps({"id": request_id, "model": cfg.model, "choices": [], "usage": _usage(prompt_tokens, n)})
+            )
+        conn.send_event("[DONE]")
+        conn.end_stream()
+
+
+class _HttpConnection(asyncio.Protocol):
+    """HTTP/1.1 with keep-alive, Content-Length request bodies and chunked streaming responses."""
+
+    def __init__(self, server: MockServer) -> None:
+        self.server = server
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task | None = None
+        self.close_after = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._next_request()
+
+    def _next_request(self) -> None:
+        if self.task is not None or self.transport is None:
+            return
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        lines = self.buffer[:head_end].decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        if len(self.buffer) < head_end + 4 + length:
+            return
+        arrival = time.perf_counter()
+        body = self.buffer[head_end + 4 : head_end + 4 + length]
+        self.buffer = self.buffer[head_end + 4 + length :]
+        method, path, *_ = lines[0].split(" ")
+        self.close_after = headers.get("connection", "").lower() == "close"
+        self.task = asyncio.get_running_loop().create_task(self.server.handle(self, method, path, body, arrival))
+        self.task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.task = None
+        if not task.cancelled() and task.exception() is not None and self.transport is not None:
+            self.transport.close()
+            return
+        if self.close_after and self.transport is not None:
+            self.transport.close()
+            return
+        self._next_request()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def respond(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {content_type}\r\n"
+        self._write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    def respond_json(self, status: int, value: dict) -> None:
+        self.respond(status, json.dumps(value).encode(), "application/json")
+
+    def start_stream(self) -> None:
+        self._write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+
+    def send_event(self, data: str) -> None:
+        event = f"data: {data}\n\n".encode()
+        self._write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+
+    def end_stream(self) -> None:
+        self._write(b"0\r\n\r\n")
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -164,9 +248,37 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def serve(config: MockConfig) -> None:
-    """Run until interrupted (SIGINT/SIGTERM)."""
-    web.run_app(MockServer(config).app(), host=config.host, port=config.port, print=None, access_log=None)
+def serve(config: MockConfig, workers: int = 1) -> None:
+    """Run until SIGINT/SIGTERM. `workers` > 1 forks processes sharing the port (SO_REUSEPORT)."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    children = []
+    for _ in range(workers - 1):
+        pid = os.fork()
+        if pid == 0:
+            asyncio.run(_serve_forever(config, reuse_port=True))
+            os._exit(0)
+        children.append(pid)
+    try:
+        asyncio.run(_serve_forever(config, reuse_port=workers > 1))
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+async def _serve_forever(config: MockConfig, reuse_port: bool) -> None:
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+    mock = MockServer(config)
+    server = await loop.create_server(mock.protocol, config.host, config.port, reuse_port=reuse_port, backlog=4096)
+    async with server:
+        await stop
 
 
 if __name__ == "__main__":
@@ -179,5 +291,7 @@ if __name__ == "__main__":
     parser.add_argument("--itl-ms", type=float, default=10.0)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
-    args = parser.parse_args()
-    serve(MockConfig(**{k: v for k, v in vars(args).items()}))
+    parser.add_argument("--workers", type=int, default=1)
+    args = vars(parser.parse_args())
+    workers = args.pop("workers")
+    serve(MockConfig(**args), workers=workers)

@@ -3,7 +3,8 @@
 Closed loop (`concurrency`): every request is due at t0 (vLLM's rate=inf) and a semaphore keeps at most
 `concurrency` in flight. Open loop (`rate`): send offsets come from `workloads.arrivals` (gamma with
 `burstiness`, 1 = Poisson), slept to as absolute deadlines so the offered rate cannot drift (vllm#21104);
-an optional `max_concurrency` caps in-flight requests. With `duration`, nothing is sent after t0 + duration
+an optional `max_concurrency` caps in-flight requests. As in vLLM, the schedule is rescaled so its mean rate is
+exactly the offered rate. With `duration`, nothing is sent after t0 + duration
 (in-flight requests finish and count). Warm-up prompts are synthesized with their own seed and salt, so they
 cannot seed the prefix cache for measured prompts, and are never recorded.
 """
@@ -15,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,8 +31,8 @@ class WorkloadConfig:
     """The workload flags; passed to `workloads.load` unchanged."""
 
     workload: str = "random"
-    input_len: int | None = 1024
-    output_len: int | None = 128
+    input_len: int | None = None  # fixed/random only (workloads' defaults: 1024 and 128)
+    output_len: int | None = None
     range_ratio: float = 0.0
     max_model_len: int | None = None
     fit_policy: str = "clip"
@@ -96,6 +98,7 @@ def build_prompts(
 ) -> tuple[list[Any], list[PromptRequest], Any]:
     import workloads
 
+    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
     specs = workloads.load(
         workload.workload,
         num_requests=n,
@@ -105,6 +108,7 @@ def build_prompts(
         range_ratio=workload.range_ratio,
         max_model_len=workload.max_model_len,
         fit_policy=workload.fit_policy,
+        **({"tokenizer": tokenizer} if is_file else {}),
     )
     fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
     synthesized = workloads.synthesize(
@@ -117,19 +121,26 @@ def build_prompts(
     return specs, prompts, fit_report
 
 
-def send_offsets(spec: PointSpec, n: int) -> list[float]:
+def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
     """Send times in seconds from t0 on an absolute schedule."""
     if spec.mode == "concurrency" or math.isinf(spec.rate):
         return [0.0] * n
     import workloads
 
     if spec.burstiness == 1.0:
-        return list(workloads.arrivals.poisson(spec.rate, n, seed=0))
-    return list(workloads.arrivals.gamma(spec.rate, spec.burstiness, n, seed=0))
+        offsets = workloads.arrivals.poisson(spec.rate, n, seed=seed)
+    else:
+        offsets = workloads.arrivals.gamma(spec.rate, spec.burstiness, n, seed=seed)
+    # As vLLM does, rescale so the schedule's mean rate is exactly the offered one (no seed-dependent drift of
+    # a few percent): n - 1 gaps span (n - 1) / rate seconds.
+    if n > 1 and offsets[-1] > 0:
+        scale = (n - 1) / spec.rate / offsets[-1]
+        offsets = [o * scale for o in offsets]
+    return list(offsets)
 
 
-def schedule(spec: PointSpec, prompts: list[PromptRequest]) -> list[float]:
-    offsets = send_offsets(spec, len(prompts))
+def schedule(spec: PointSpec, prompts: list[PromptRequest], seed: int = 0) -> list[float]:
+    offsets = send_offsets(spec, len(prompts), seed)
     if spec.duration is not None and spec.mode == "rate":
         kept = [o for o in offsets if o < spec.duration] or offsets[:1]
         del prompts[len(kept) :]
@@ -225,7 +236,7 @@ def run_point(
         _, warmups, _ = build_prompts(
             workload, tokenizer, spec.num_warmups, salt=f"{salt}-{spec.label}-warmup", seed_offset=1_000_003
         )
-    offsets = schedule(spec, prompts)
+    offsets = schedule(spec, prompts, workload.seed)
     if client_procs > 1:
         from sweep.multiproc import run_point_sharded
 

@@ -1,0 +1,343 @@
+"""A whole sweep: the target (a URL, or the built-in engine launched here), every point, the run directory.
+
+`Sweeper.measure(load)` runs (or, on resume, reloads) one point and returns its point dict; `Sweeper.run()`
+walks the configured loads or runs the `--max-load-under-slo` search. The tuner drives `measure` directly.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sweep import results
+from sweep.client import ClientConfig, RequestRecord
+from sweep.launcher import ServerProcess, launch
+from sweep.metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.runner import PointRun, PointSpec, WorkloadConfig, run_point
+from sweep.search import SearchConfig, SearchResult, max_load_under_slo
+
+
+@dataclass
+class SweepConfig:
+    output_dir: Path
+    mode: str = "concurrency"  # "concurrency" | "rate"
+    values: list[float] = field(default_factory=lambda: [1.0])
+    url: str | None = None  # None: launch the built-in engine
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None  # default: the model
+    api_key: str | None = None
+    engine_knobs: dict[str, Any] = field(default_factory=dict)
+    launch_template: str | None = None  # an external server's command template (see launcher.py)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    num_prompts: int | None = None
+    duration: float | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None  # rate mode: optional cap on in-flight requests
+    num_warmups: int = 0
+    reset_prefix_cache: bool = False
+    slo: dict[str, float] | None = None
+    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
+    max_load_under_slo: bool = False
+    attainment: float = 0.9
+    max_load: float = 4096.0
+    resume: bool = False
+    client_procs: int = 1
+    health_timeout_s: float = 600.0
+    command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        if self.mode not in ("concurrency", "rate"):
+            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
+        if not self.values:
+            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
+        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
+            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
+        if self.mode == "rate" and any(not v > 0 for v in self.values):
+            raise ValueError(f"request rates must be > 0, got {self.values}")
+        if self.max_load_under_slo and not self.slo:
+            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
+        if self.client_procs < 1:
+            raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
+        if self.num_prompts is None and self.duration is None:
+            self.num_prompts = 200
+        if any(not 0 < p < 100 for p in self.percentiles):
+            raise ValueError(f"percentiles must be in (0, 100), got {self.percentiles}")
+
+    def label(self, value: float) -> str:
+        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for package in ("servelab", "aiohttp", "numpy", "transformers", "torch"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory,
+    }
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values, dtype=float) * 1000.0
+    return {"p50_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
+
+
+def client_fidelity(run: PointRun) -> dict[str, Any]:
+    """The client's own health: schedule lag, and token counts of the server against ours."""
+    records = run.records
+    ok = [r for r in records if r.success]
+    out: dict[str, Any] = {"send_lag": _pct([r.send_time - r.intended_send_time for r in records]), **run.extras}
+    with_both = [r for r in ok if r.usage_output_tokens and r.client_output_tokens is not None]
+    out["usage_reported"] = sum(r.usage_output_tokens is not None for r in ok)
+    if with_both:
+        diffs = [abs(r.client_output_tokens - r.usage_output_tokens) / r.usage_output_tokens for r in with_both]
+        out["output_token_discrepancy_mean"] = float(np.mean(diffs))
+        out["output_token_discrepancy_over_10pct"] = sum(d > 0.1 for d in diffs)
+    streamed = [r for r in ok if r.usage_output_tokens]
+    if streamed:
+        out["chunk_token_sum_mismatch"] = sum(sum(r.chunk_tokens) != r.usage_output_tokens for r in streamed)
+        out["tokens_per_chunk_mean"] = float(
+            sum(r.usage_output_tokens for r in streamed) / max(1, sum(len(r.chunk_times) for r in streamed))
+        )
+    return out
+
+
+class Sweeper:
+    def __init__(self, config: SweepConfig, console: Console | None = None) -> None:
+        self.config = config
+        self.console = console or Console(stderr=True)
+        self.server: ServerProcess | None = None
+        self.writer: results.RunWriter | None = None
+        self.tokenizer: Any = None
+        self.client: ClientConfig | None = None
+        self.salt = uuid.uuid4().hex[:12]
+        self._header_printed = False
+
+    def __enter__(self) -> Sweeper:
+        cfg = self.config
+        from engine.tokenizer import get_tokenizer
+
+        previous = cfg.output_dir / results.CONFIG
+        if cfg.resume and previous.exists():
+            import json
+
+            self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
+        run_config = self.run_config(url=cfg.url)
+        self.writer = results.open_run(cfg.output_dir, run_config, resume=cfg.resume)
+        with self.console.status(f"loading tokenizer {cfg.tokenizer or cfg.model}"):
+            self.tokenizer = get_tokenizer(cfg.tokenizer or cfg.model)
+        url = cfg.url
+        if url is None:
+            self.server = launch(
+                cfg.model,
+                cfg.engine_knobs,
+                cfg.output_dir / results.SERVER_LOG,
+                template=cfg.launch_template,
+                health_timeout_s=cfg.health_timeout_s,
+            )
+            with self.console.status(f"starting the engine ({cfg.model}); log {self.server.log_path}"):
+                self.server.start()
+            url = self.server.url
+            self.writer.config["target"]["url"] = url
+            results.write_atomic(cfg.output_dir / results.CONFIG, results._dumps(self.writer.config))
+        self.client = ClientConfig(url=url, model=cfg.model, endpoint=cfg.workload.endpoint, api_key=cfg.api_key)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def run_config(self, url: str | None) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "run_id": f"{cfg.output_dir.name}-{self.salt}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "target": {
+                "url": url,
+                "model": cfg.model,
+                "tokenizer": cfg.tokenizer or cfg.model,
+                "backend": "servelab" if cfg.url is None and cfg.launch_template is None else "openai",
+                "engine_knobs": dict(cfg.engine_knobs),
+                "launch_template": cfg.launch_template,
+            },
+            "workload": {**asdict(cfg.workload), "salt": self.salt},
+            "sweep": {
+                "mode": cfg.mode,
+                "values": cfg.values,
+                "num_prompts": cfg.num_prompts,
+                "duration": cfg.duration,
+                "burstiness": cfg.burstiness,
+                "max_concurrency": cfg.max_concurrency,
+                "num_warmups": cfg.num_warmups,
+                "reset_prefix_cache": cfg.reset_prefix_cache,
+                "max_load_under_slo": cfg.max_load_under_slo,
+                "attainment": cfg.attainment,
+                "client_procs": cfg.client_procs,
+            },
+            "slo": cfg.slo,
+            "percentiles": cfg.percentiles,
+            "versions": _versions(),
+            "machine": _machine(),
+            "command": cfg.command,
+        }
+
+    def point_spec(self, value: float) -> PointSpec:
+        cfg = self.config
+        concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
+        return PointSpec(
+            label=cfg.label(value),
+            mode=cfg.mode,
+            concurrency=concurrency,
+            rate=value if cfg.mode == "rate" else math.inf,
+            burstiness=cfg.burstiness,
+            num_prompts=cfg.num_prompts,
+            duration=cfg.duration,
+            num_warmups=cfg.num_warmups,
+        )
+
+    def measure(self, value: float) -> dict[str, Any]:
+        """Run one point (or reload it when a resumed run already has it) and return its point dict."""
+        assert self.writer is not None and self.client is not None, "use `with Sweeper(config) as sweeper:`"
+        spec = self.point_spec(value)
+        if spec.label in self.writer.finished_labels():
+            point = self.writer.load_point(spec.label)
+            self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
+            self._print_row(point)
+            return point
+        total = spec.num_prompts if spec.num_prompts is not None else spec.pool_size
+        with Progress(
+            TextColumn(f"[bold]{spec.label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            refresh_per_second=4,
+        ) as progress:
+            task = progress.add_task(spec.label, total=total)
+            run = run_point(
+                self.client,
+                spec,
+                self.config.workload,
+                self.tokenizer,
+                salt=self.salt,
+                reset_cache=self.config.reset_prefix_cache,
+                client_procs=self.config.client_procs,
+                on_done=lambda: progress.advance(task),
+            )
+        point = self.point_dict(run)
+        self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
+        self._print_row(point)
+        return point
+
+    def point_dict(self, run: PointRun) -> dict[str, Any]:
+        spec = run.spec
+        queue_inclusive = spec.concurrency is not None
+        metrics = calculate_metrics(
+            run.records, run.duration, self.config.percentiles, self.config.slo, queue_inclusive
+        )
+        point: dict[str, Any] = {
+            "label": spec.label,
+            "max_concurrency": spec.concurrency,
+            "request_rate": spec.rate,
+            "burstiness": spec.burstiness,
+            "num_prompts": len(run.records),
+            **metrics,
+        }
+        point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
+        return point
+
+    def _workload_fidelity(self, run: PointRun) -> dict[str, Any]:
+        import workloads
+
+        if not hasattr(workloads, "fidelity") or not run.records:
+            return {}
+        ok: list[RequestRecord] = [r for r in run.records if r.success]
+        by_index = {r.index: r for r in ok}
+        if not ok:
+            return {}
+        pairs = [(s, by_index[p.index]) for s, p in zip(run.specs, run.prompts, strict=True) if p.index in by_index]
+        report = workloads.fidelity(
+            [s for s, _ in pairs],
+            [r.prompt_tokens for _, r in pairs],
+            [r.output_tokens for _, r in pairs],
+            intended_send_times=[r.intended_send_time - run.t0 for _, r in pairs],
+            actual_send_times=[r.send_time - run.t0 for _, r in pairs],
+        )
+        return report if isinstance(report, dict) else asdict(report)
+
+    def _print_row(self, point: dict[str, Any]) -> None:
+        p = percentile_name(max(self.config.percentiles))
+        if not self._header_printed:
+            self.console.print(
+                f"[bold]{'point':>9} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
+                f"{'TTFT ' + p:>9} {'TPOT p50':>9} {'TPOT ' + p:>9} {'E2EL ' + p:>9} {'attain':>6}[/bold]"
+            )
+            self._header_printed = True
+        attain = point.get("slo_attainment")
+        self.console.print(
+            f"{point['label']:>9} {point['completed']:>5} {point['failed']:>4} {point['request_throughput']:>7.2f} "
+            f"{point['output_throughput']:>9.1f} {point['median_ttft_ms']:>9.1f} {point[f'{p}_ttft_ms']:>9.1f} "
+            f"{point['median_tpot_ms']:>9.2f} {point[f'{p}_tpot_ms']:>9.2f} {point[f'{p}_e2el_ms']:>9.1f} "
+            f"{'-' if attain is None else f'{attain:.3f}':>6}"
+        )
+
+    def search(self) -> SearchResult:
+        cfg = self.config
+        assert self.writer is not None
+        config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
+        result = max_load_under_slo(config, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
+        search = {**result.to_dict(), "labels": [cfg.label(p.value) for p in result.probes], "slo": cfg.slo}
+        self.writer.write_search(search)
+        unit = "streams" if cfg.mode == "concurrency" else "req/s"
+        if result.best is None:
+            self.console.print(
+                f"[red]no load met attainment >= {cfg.attainment}; smallest failing: {result.bracket[1]}"
+            )
+        else:
+            self.console.print(
+                f"[green]max load under SLO: {result.best:g} {unit}[/green] (bracket {result.bracket}, "
+                f"{len(result.probes)} points)"
+            )
+        return result
+
+    def run(self) -> list[dict[str, Any]]:
+        if self.config.max_load_under_slo:
+            self.search()
+            assert self.writer is not None
+            return [self.writer.load_point(label) for label in sorted(self.writer.finished_labels())]
+        return [self.measure(value) for value in self.config.values]
+
+
+def run_sweep(config: SweepConfig, console: Console | None = None) -> Path:
+    """Run a whole sweep; returns the run directory."""
+    with Sweeper(config, console) as sweeper:
+        sweeper.run()
+    return config.output_dir

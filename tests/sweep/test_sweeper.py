@@ -1,0 +1,139 @@
+"""A sweep against the mock writes the run directory of the results contract, and resumes after an interruption."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sweep
+import sweep.sweeper
+from sweep.calibrate import start_mock
+from sweep.launcher import ServerProcess
+from sweep.runner import WorkloadConfig
+from sweep.sweeper import SweepConfig, run_sweep
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with start_mock(5.0, 1.0, tmp_path_factory.mktemp("mock") / "mock.log") as server:
+        yield server
+
+
+def config(mock: ServerProcess, out: Path, **overrides: object) -> SweepConfig:
+    fields = dict(
+        output_dir=out,
+        mode="concurrency",
+        values=[1, 4],
+        url=mock.url,
+        model="mock",
+        tokenizer="tiny-random",
+        workload=WorkloadConfig(workload="random", input_len=24, output_len=6, range_ratio=0.5, seed=1),
+        num_prompts=8,
+        num_warmups=2,
+        reset_prefix_cache=True,
+        slo={"ttft_ms": 10_000.0},
+        percentiles=[50.0, 99.9],
+        command="bench sweep (test)",
+    )
+    fields.update(overrides)
+    return SweepConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_run_directory_contract(mock: ServerProcess, tmp_path: Path) -> None:
+    run_dir = run_sweep(config(mock, tmp_path / "run"))
+    stored = json.loads((run_dir / "config.json").read_text())
+    for key in (
+        "run_id",
+        "created",
+        "target",
+        "workload",
+        "sweep",
+        "slo",
+        "percentiles",
+        "versions",
+        "machine",
+        "command",
+    ):
+        assert key in stored
+    assert stored["target"]["backend"] == "openai" and stored["workload"]["salt"]
+    assert sorted(p.name for p in (run_dir / "points").iterdir()) == ["c0001.json", "c0004.json"]
+    point = json.loads((run_dir / "points" / "c0004.json").read_text())
+    assert (point["label"], point["max_concurrency"], point["request_rate"]) == ("c0004", 4, "inf")
+    assert point["completed"] == 8 and point["failed"] == 0 and point["slo_attainment"] == 1.0
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p99.9"):
+            assert isinstance(point[f"{stat}_{metric}_ms"], float)
+    assert point["total_output_tokens"] == sum(
+        json.loads(line)["output_tokens"]
+        for line in (run_dir / "requests.jsonl").read_text().splitlines()
+        if json.loads(line)["label"] == "c0004"
+    )
+    assert point["fidelity"]["client"]["prefix_cache_reset"] is True
+    assert point["fidelity"]["input_exact_fraction"] == 1.0  # the mock counts words; synthesis made words
+    assert point["mean_queue_ms"] == 0.0  # the mock's servelab timing: never queued
+    rows = list(csv.DictReader((run_dir / "summary.csv").open()))
+    assert [r["label"] for r in rows] == ["c0001", "c0004"]
+
+    results = sweep.load_results(run_dir)
+    assert list(results.points["label"]) == ["c0001", "c0004"] and set(results.points["run"]) == {"run"}
+    assert len(results.requests) == 16 and results.requests["success"].all()
+    first = results.requests.iloc[0]
+    assert first["send_time"] <= first["first_token_time"] <= first["last_token_time"] <= first["end_time"]
+    assert first["requested_output_len"] == len(first["chunk_times"])  # ignore_eos: one token per chunk
+    assert results.config["sweep"]["values"] == [1, 4]
+    with pytest.raises(FileExistsError):
+        run_sweep(config(mock, tmp_path / "run"))  # never overwrite a run without --resume
+
+
+def test_interrupted_sweep_resumes(mock: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run_point = sweep.sweeper.run_point
+    labels: list[str] = []
+
+    def interrupt_second(*args, **kwargs):
+        spec = args[1]
+        labels.append(spec.label)
+        if spec.label == "c0004":
+            raise KeyboardInterrupt
+        return real_run_point(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.sweeper, "run_point", interrupt_second)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config(mock, out, values=[1, 4, 2]))
+    assert [p.name for p in (out / "points").iterdir()] == ["c0001.json"]
+    with (out / "requests.jsonl").open("a") as f:  # rows of a point that died mid-write
+        f.write(json.dumps({"label": "c0004", "index": 0}) + "\n" + '{"label": "c00')
+    salt = json.loads((out / "config.json").read_text())["workload"]["salt"]
+
+    monkeypatch.setattr(
+        sweep.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
+    )
+    labels.clear()
+    run_sweep(config(mock, out, values=[1, 4, 2], resume=True))
+    assert labels == ["c0004", "c0002"]  # c0001 was not repeated
+    results = sweep.load_results(out)
+    assert sorted(results.points["label"]) == ["c0001", "c0002", "c0004"]
+    assert len(results.requests) == 24 and results.requests.groupby("label").size().tolist() == [8, 8, 8]
+    assert results.config["workload"]["salt"] == salt  # the run keeps its salt
+    with pytest.raises(ValueError, match="workload"):
+        run_sweep(config(mock, out, resume=True, workload=WorkloadConfig(workload="fixed", input_len=5, output_len=2)))
+
+
+def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
+    run_dir = run_sweep(
+        config(mock, tmp_path / "rate", mode="rate", values=[40.0], burstiness=0.5, num_warmups=0, max_concurrency=2)
+    )
+    point = sweep.load_results(run_dir).points.iloc[0]
+    assert point["label"] == "r0040.00" and point["request_rate"] == 40.0 and point["burstiness"] == 0.5
+    assert point["max_concurrency"] == 2 and "mean_queued_ttft_ms" in point  # a cap: queue-inclusive latency too
+
+    run_dir = run_sweep(
+        config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=4, num_warmups=0, num_prompts=4)
+    )
+    search = json.loads((run_dir / "search.json").read_text())
+    assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004"]
+    assert len(sweep.load_results(run_dir).points) == 3
