@@ -18,14 +18,22 @@ synthesis then makes prompts of exactly that many target-tokenizer tokens. Witho
 the source's counts unchanged; with it, fit_policy (clip / drop / rescale, see workloads.fit) applies and
 last_fit_report() says how many requests changed.
 
-Sampling a mix: num_requests=None returns every row in trace order. num_requests <= rows draws a seeded random
-subset without replacement, kept in trace order (a thinned trace: same burst shape, rate scaled by n/rows);
-num_requests > rows draws with replacement, also in trace order.
+Shipped mixes: all rows of Azure 2023 code/conv, Mooncake conversation (hash ids), ShareGPT-8k, arXiv, BWB and
+the LMSYS sample (620 KB in all), plus servegen-deepseek-r1, a marginal quantile table (resolution 1/1000) with
+ServeGen's per-window aggregate rate curve (feed it to arrivals.rate_curve). Rebuild them with
+`python -m workloads.derive --raw-dir ../shared/workloads/raw` (or the user's own download).
+
+Sampling a mix: num_requests=None returns every row in trace order (a quantile table: one request per level).
+num_requests <= rows draws a seeded random subset without replacement, kept in trace order (a thinned trace:
+same burst shape, rate scaled by n/rows); num_requests > rows draws with replacement, also in trace order.
+Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
 Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
 prefix_block_size; SynthesizedPrompt has prefix_group and extra (holds the salt); arrival functions name their
-count num_requests; arrivals also has closed_loop(n), constant(rate, n) and replay(..., tick_s=) for Mooncake's
-3 s ticks; synthesize's block_size is the tokens per hash id when a spec does not carry prefix_block_size.
+count num_requests; arrivals also has closed_loop(n), constant(rate, n), rate_curve(...) and replay(..., tick_s=)
+for Mooncake's 3 s ticks; ramp(start_rate, end_rate, num_requests, kind, burstiness, seed); synthesize's
+block_size is the tokens per hash id when a spec does not carry prefix_block_size; fidelity is also importable as
+workloads.fidelity.fidelity.
 """
 
 from __future__ import annotations

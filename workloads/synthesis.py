@@ -97,6 +97,9 @@ def _shared_words(spec: RequestSpec, words: _Words, block_size: int) -> np.ndarr
     return np.zeros(0, dtype=np.int64)
 
 
+CHUNK = 256
+
+
 class _Measure:
     """Token counts of candidate prompts, batched."""
 
@@ -123,6 +126,14 @@ class _Measure:
         ]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
+    def counts_in_chunks(self, rendered: list[tuple[str | None, list[dict] | None]], show_progress: bool) -> list[int]:
+        chunks = [rendered[start : start + CHUNK] for start in range(0, len(rendered), CHUNK)]
+        if not show_progress:
+            return [count for chunk in chunks for count in self.counts(chunk)]
+        from rich.progress import track
+
+        return [count for chunk in track(chunks, description="measuring prompts") for count in self.counts(chunk)]
+
 
 def synthesize(
     specs: Sequence[RequestSpec],
@@ -132,14 +143,22 @@ def synthesize(
     seed: int = 0,
     salt: str | None = None,
     block_size: int = 16,
+    show_progress: bool = False,
+    too_short: str = "clamp",
 ) -> list[SynthesizedPrompt]:
     """Prompts of exactly spec.input_len tokens for `tokenizer` (any HF tokenizer).
 
     block_size is the tokens per hash id for specs that do not say (spec.prefix_block_size; Mooncake says 512).
-    Raises ValueError for a target below the endpoint's fixed overhead (e.g. the chat template's own tokens).
+    A target below the endpoint's fixed overhead (the chat template's own tokens, e.g. 30 for SmolLM2) cannot be
+    met: too_short="clamp" sends the shortest possible prompt and records it (prompt.input_len is the realised
+    count, extra["requested_input_len"] the spec's), too_short="error" raises ValueError.
+    show_progress draws a rich progress bar over the first (largest) measuring pass.
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {ENDPOINTS}, got {endpoint!r}")
+    if too_short not in ("clamp", "error"):
+        raise ValueError(f"too_short must be 'clamp' or 'error', got {too_short!r}")
+    targets = [spec.input_len for spec in specs]
     salt = uuid.uuid4().hex if salt is None else salt
     pool = word_pool(tokenizer)
     words = _Words(pool, seed, salt)
@@ -160,19 +179,22 @@ def synthesize(
     rendered = [render(index) for index in range(len(specs))]
     pending = list(range(len(specs)))
     for attempt in range(MAX_ADJUST_ROUNDS):
-        counts = measure.counts([rendered[index] for index in pending])
+        counts = measure.counts_in_chunks([rendered[index] for index in pending], show_progress and attempt == 0)
         still = []
         for index, count in zip(pending, counts, strict=True):
-            error = specs[index].input_len - count
+            error = targets[index] - count
             if error == 0:
                 continue
+            if word_counts[index] == 0 and error < 0:
+                if too_short == "error":
+                    raise ValueError(
+                        f"request {index}: input_len {targets[index]} is below the {endpoint} prompt's "
+                        f"minimum of {count} tokens for this tokenizer"
+                    )
+                targets[index] = count
+                continue
             step = error if attempt < MAX_ADJUST_ROUNDS // 2 else int(np.sign(error))
-            if word_counts[index] + step < 0 or (word_counts[index] == 0 and error < 0):
-                raise ValueError(
-                    f"request {index}: input_len {specs[index].input_len} is below the {endpoint} prompt's "
-                    f"minimum of {count} tokens for this tokenizer"
-                )
-            word_counts[index] += step
+            word_counts[index] = max(word_counts[index] + step, 0)
             if word_counts[index] + 1 > len(bodies[index]) + len(shared[index]):
                 bodies[index] = words.stream(_ROLE_BODY, index, word_counts[index] + 64)
             rendered[index] = render(index)
@@ -186,12 +208,12 @@ def synthesize(
         SynthesizedPrompt(
             prompt=prompt,
             messages=messages,
-            input_len=spec.input_len,
+            input_len=target,
             output_len=spec.output_len,
             timestamp=spec.timestamp,
             schema=spec.schema,
             prefix_group=spec.prefix_group,
-            extra={"salt": salt},
+            extra={"salt": salt} | ({"requested_input_len": spec.input_len} if target != spec.input_len else {}),
         )
-        for spec, (prompt, messages) in zip(specs, rendered, strict=True)
+        for spec, target, (prompt, messages) in zip(specs, targets, rendered, strict=True)
     ]

@@ -52,9 +52,13 @@ def test_long_prompts_are_exact_too(tokenizer):
     assert [len(chat_ids(tokenizer, p.messages)) for p in chat] == targets
 
 
-def test_below_the_chat_template_minimum_is_an_error(tokenizer):
-    with pytest.raises(ValueError, match="below the chat prompt's minimum"):
-        synthesize([RequestSpec(5, 1)], tokenizer, endpoint="chat")
+def test_below_the_chat_template_minimum_is_clamped_and_recorded_or_an_error(tokenizer):
+    specs = [RequestSpec(5, 1), RequestSpec(40, 1)]
+    short, normal = synthesize(specs, tokenizer, endpoint="chat")
+    assert short.input_len == len(chat_ids(tokenizer, short.messages)) == 30  # SmolLM2's template overhead
+    assert short.extra["requested_input_len"] == 5 and "requested_input_len" not in normal.extra
+    with pytest.raises(ValueError, match="input_len 5 is below the chat prompt's minimum of 30"):
+        synthesize(specs, tokenizer, endpoint="chat", too_short="error")
 
 
 def test_salt_and_seed_control_prefix_sharing(tokenizer):
@@ -114,3 +118,9 @@ def test_prefix_groups_share_the_system_prompt(tokenizer):
     for spec, prompt in zip(specs, chat, strict=True):
         by_group.setdefault(spec.prefix_group, set()).add(prompt.messages[0]["content"])
     assert all(len(systems) == 1 for systems in by_group.values()) and len(by_group) == 3
+
+
+def test_a_short_request_shares_the_start_of_its_group_prompt(tokenizer):
+    specs = [RequestSpec(300, 1, prefix_group=0, prefix_len=100), RequestSpec(60, 1, prefix_group=0, prefix_len=59)]
+    ids = [raw_ids(tokenizer, p.prompt) for p in synthesize(specs, tokenizer, seed=0, salt="x")]
+    assert [len(i) for i in ids] == [300, 60] and shared_prefix_len(ids[0], ids[1]) == 59
