@@ -156,16 +156,17 @@ class TorchAttentionBackend(AttentionBackend):
         chunk: PrefillChunk,
     ) -> None:
         s, e = chunk.token_start, chunk.token_start + chunk.num_tokens
-        q_seq = q[s:e].transpose(0, 1)  # [heads, tokens, head_dim]
+        # 4-D inputs: torch's CPU flash-attention kernel handles them (3-D falls back to the slow math path).
+        q_seq = q[None, s:e].transpose(1, 2)  # [1, heads, tokens, head_dim]
         if chunk.block_ids is None:
-            key, value = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
+            key, value = k[None, s:e].transpose(1, 2), v[None, s:e].transpose(1, 2)
             o = F.scaled_dot_product_attention(q_seq, key, value, is_causal=True, scale=self.scale, enable_gqa=True)
         else:
             if kv_cache is None:
                 raise ValueError("a prefill chunk with cached context needs a KV cache")
             key, value = self._gather(kv_cache, chunk.block_ids)
-            key, value = key[:, : chunk.seq_len], value[:, : chunk.seq_len]
+            key, value = key[None, :, : chunk.seq_len], value[None, :, : chunk.seq_len]
             o = F.scaled_dot_product_attention(
                 q_seq, key, value, attn_mask=chunk.mask, scale=self.scale, enable_gqa=True
             )
-        out[s:e] = o.transpose(0, 1)
+        out[s:e] = o[0].transpose(0, 1)

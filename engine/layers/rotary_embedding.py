@@ -54,15 +54,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("sin_cache", freqs.sin().to(dtype), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, num_heads, head_dim], k: [T, num_kv_heads, head_dim]; positions: [T]."""
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim] (queries and keys stacked along heads: one call for both); positions: [T]."""
         cos = self.cos_cache.index_select(0, positions).unsqueeze(1)
         sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -38,11 +38,10 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, backend: AttentionBackend, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
+        qkv = self.qkv_proj(hidden)
+        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, self.kv_cache, metadata)
         return self.o_proj(out.view(num_tokens, self.q_size))
 
