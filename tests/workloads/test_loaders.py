@@ -168,3 +168,15 @@ def test_missing_file_and_empty_table(tmp_path):
         detect_format(tmp_path / "nope.csv")
     with pytest.raises(WorkloadFormatError, match="no requests"):
         load_table(write(tmp_path, "e.csv", "input_len,output_len\n"))
+
+
+def test_load_reads_trace_files_through_the_public_api(tmp_path):
+    import workloads
+
+    path = write(tmp_path, "t.jsonl", mooncake_line() + mooncake_line(timestamp=3000, input_length=3000))
+    specs = workloads.load(str(path), max_model_len=2048, fit_policy="clip")
+    assert [s.input_len for s in specs] == [1000, 2047] and workloads.last_fit_report().changed == 1
+    entries = [{"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello"}]}]
+    sharegpt = write(tmp_path, "s.json", json.dumps(entries))
+    (spec,) = workloads.load(str(sharegpt), tokenizer=get_tokenizer("smollm2-135m"), num_requests=1)
+    assert spec.input_len == 2 and spec.output_len == 1
