@@ -105,12 +105,13 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
 
 
 def _load_servelab_run(run_dir: Path) -> RunData:
-    loader = _sweep_loader()
-    if loader is not None:
-        results = loader(run_dir)
-        points, requests, config = results.points.copy(), results.requests.copy(), dict(results.config)
-    else:
-        points, requests, config = _read_run_dir(run_dir)
+    from sweep.results import load_results
+
+    try:
+        results = load_results(run_dir)
+    except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        raise RunInputError(f"{run_dir}: unreadable run directory ({exc})") from None
+    points, requests = results.points.copy(), results.requests.copy()
     if points.empty:
         raise RunInputError(f"{run_dir}: the run has no finished points (points/*.json)")
     for column in ("label", "duration"):
@@ -121,39 +122,10 @@ def _load_servelab_run(run_dir: Path) -> RunData:
     name = run_dir.resolve().name
     points["run"] = name
     requests["run"] = name
-    run = RunData(name=name, points=points, requests=requests, config=config, source="servelab")
+    run = RunData(name=name, points=points, requests=requests, config=dict(results.config), source="servelab")
     order = np.argsort(run.load_values().to_numpy(), kind="stable")
     run.points = points.iloc[order].reset_index(drop=True)
     return run
-
-
-def _sweep_loader():
-    try:
-        from sweep.results import load_results
-    except ImportError:
-        return None
-    return load_results
-
-
-def _read_run_dir(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """The on-disk results contract, read directly (used when sweep.results is unavailable)."""
-    try:
-        config = json.loads((run_dir / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise RunInputError(f"{run_dir / 'config.json'}: not valid JSON ({exc})") from None
-    point_files = sorted((run_dir / "points").glob("*.json"))
-    points = pd.DataFrame([json.loads(p.read_text()) for p in point_files])
-    rows = []
-    requests_path = run_dir / "requests.jsonl"
-    if requests_path.exists():
-        with requests_path.open() as fh:
-            for line_no, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        raise RunInputError(f"{requests_path}:{line_no}: not valid JSON") from None
-    return points, pd.DataFrame(rows), config
 
 
 def _merge(runs: list[RunData], name: str) -> RunData:

@@ -27,6 +27,8 @@ def point_table(run: RunData) -> pd.DataFrame:
             if column in pts:
                 values = pd.to_numeric(pts[column], errors="coerce").to_numpy()
                 table[f"{metric.upper()} {percentile_key(p)} ms"] = values
+    if "p90_queued_ttft_ms" in pts:  # from the intended send time: queueing a concurrency cap would hide
+        table["queued TTFT p90 ms"] = pd.to_numeric(pts["p90_queued_ttft_ms"], errors="coerce").to_numpy()
     if "median_itl_ms" in pts:
         table["ITL p50 ms"] = pd.to_numeric(pts["median_itl_ms"], errors="coerce").to_numpy()
     if "request_goodput" in pts and pts["request_goodput"].notna().any():
@@ -76,14 +78,14 @@ def fidelity_table(run: RunData) -> pd.DataFrame:
             "send lag p50 ms": float(np.nanpercentile(lag_ms, 50)) if np.isfinite(lag_ms).any() else math.nan,
             "send lag p99 ms": float(np.nanpercentile(lag_ms, 99)) if np.isfinite(lag_ms).any() else math.nan,
         }
-        sends = np.sort(_num(rows, "send_time"))
-        if run.mode == "rate" and sends.size > 1:
-            record["offered req/s"] = point.get("request_rate")
-            record["achieved req/s"] = (sends.size - 1) / (sends[-1] - sends[0])
-        if isinstance(point.get("fidelity"), dict):
-            for key, value in point["fidelity"].items():
-                if isinstance(value, (int, float, str, bool)) or value is None:
-                    record[f"sweep: {key}"] = value
+        sweep_fidelity = point.get("fidelity") if isinstance(point.get("fidelity"), dict) else {}
+        client = sweep_fidelity.get("client") or {}
+        for column, value in (("offered req/s", sweep_fidelity.get("offered_rate_rps")),
+                              ("achieved req/s", sweep_fidelity.get("achieved_rate_rps")),
+                              ("inter-arrival CV", sweep_fidelity.get("achieved_iat_cv")),
+                              ("tokens per chunk", client.get("tokens_per_chunk_mean"))):
+            if value is not None:
+                record[column] = value
         records.append(record)
     return pd.DataFrame(records)
 

@@ -20,8 +20,13 @@ def _assert_self_contained(html: str) -> None:
     assert "<link" not in html.lower() and "url(" not in html.lower() and "<script" not in html.lower()
 
 
+def _row(markdown: str, label: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip(" |").split("|")]
+
+
 def test_report_for_the_fixture_run(tmp_path, fixture_run):
-    html_path = reports.render_report([fixture_run], tmp_path)
+    html_path = reports.render_report([fixture_run], tmp_path, slo={"ttft_ms": 0.001})
     assert html_path == tmp_path / "report.html"
     for name in PLOTS:
         png = tmp_path / "plots" / f"{name}.png"
@@ -33,40 +38,33 @@ def test_report_for_the_fixture_run(tmp_path, fixture_run):
     markdown = (tmp_path / "report.md").read_text()
     for name in PLOTS:
         assert f"(plots/{name}.png)" in markdown
-    assert "| c0008 |" in markdown and "SLO attainment" in markdown
+    assert "TTFT <= 0.001 ms" in markdown
+    assert _row(markdown, "c0002")[-2:] == ["0", "0"]  # goodput and attainment under an impossible SLO
 
 
-def test_slo_is_reevaluated_from_stored_requests(tmp_path, fixture_run):
-    reports.render_report([fixture_run], tmp_path / "strict", slo={"ttft_ms": 0.001})
-    reports.render_report([fixture_run], tmp_path / "loose", slo={"ttft": 1e6})
-    strict = (tmp_path / "strict" / "report.md").read_text()
-    loose = (tmp_path / "loose" / "report.md").read_text()
-    assert "TTFT <= 0.001 ms" in strict and "TTFT <= 1e+06 ms" in loose
-    row = next(line for line in strict.splitlines() if line.startswith("| c0002 |"))
-    assert row.rstrip(" |").endswith("| 0 | 0")  # goodput and attainment both 0 under an impossible SLO
-    row = next(line for line in loose.splitlines() if line.startswith("| c0002 |"))
-    assert row.rstrip(" |").endswith("| 1")  # c0002 had no failure: everything is good
-
-
-def test_ab_overlay_and_imported_runs(tmp_path, fixture_run, fixture_run_b, fixtures_dir):
-    reports.render_report([fixture_run, fixture_run_b], tmp_path / "ab")
-    markdown = (tmp_path / "ab" / "report.md").read_text()
-    assert "**sweep_a**" in markdown and "**sweep_b**" in markdown
-    _assert_self_contained((tmp_path / "ab" / "report.html").read_text())
-    reports.render_report([fixtures_dir / "vllm_c0002.json", fixtures_dir / "guidellm_report.json"], tmp_path / "x")
-    markdown = (tmp_path / "x" / "report.md").read_text()
-    assert "## TTFT decomposition" in markdown and "Not available" in markdown  # no server timing in imports
-
-
-def test_cli(tmp_path, fixture_run):
-    result = CliRunner().invoke(app, ["report", str(fixture_run), "--slo", "ttft=30,tpot=11", "--out", str(tmp_path),
+def test_cli_reevaluates_the_slo_from_stored_requests(tmp_path, fixture_run):
+    result = CliRunner().invoke(app, ["report", str(fixture_run), "--slo", "ttft=1000000", "--out", str(tmp_path),
                                       "--timeline-point", "c0002"])
     assert result.exit_code == 0, result.output
-    assert "TTFT <= 30 ms, TPOT <= 11 ms" in (tmp_path / "report.md").read_text()
+    markdown = (tmp_path / "report.md").read_text()
+    assert "TTFT <= 1e+06 ms" in markdown
+    assert _row(markdown, "c0002")[-1] == "1"  # c0002 had no failure: every request is good
+    assert _row(markdown, "c0001")[-1] == f"{23 / 24:.3g}"  # one failure: attainment counts it as a miss
     bad = CliRunner().invoke(app, ["report", str(fixture_run), "--slo", "itl=5", "--out", str(tmp_path)])
     assert bad.exit_code == 2
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert bad.exit_code == 2
+
+
+def test_ab_overlay_across_tools(tmp_path, fixture_run, fixture_run_b, fixtures_dir):
+    runs = [fixture_run, fixture_run_b, fixtures_dir / "vllm_c0002.json", fixtures_dir / "guidellm_report.json"]
+    reports.render_report(runs, tmp_path)
+    markdown = (tmp_path / "report.md").read_text()
+    for name in ("sweep_a", "sweep_b", "vllm_c0002", "guidellm_report"):
+        assert f"**{name}**" in markdown
+    _assert_self_contained((tmp_path / "report.html").read_text())
+    decomposition = markdown.split("## TTFT decomposition")[1].split("## Workload fidelity")[0]
+    assert "**sweep_a**" in decomposition and "vllm_c0002" not in decomposition  # imports carry no server timing
 
 
 @pytest.mark.parametrize("point", ["c0099"])
