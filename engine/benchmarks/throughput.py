@@ -185,7 +185,9 @@ def throughput(
     num_prompts: int = typer.Option(32, help="Number of requests."),
     input_len: int | None = typer.Option(None, help="Prompt tokens per request (random ids) [default: 256]."),
     output_len: int | None = typer.Option(None, help="Output tokens per request, EOS ignored [default: 128]."),
-    workload: str | None = typer.Option(None, help="Take lengths from a workload (`bench workloads list`)."),
+    workload: str | None = typer.Option(
+        None, help="Take lengths from a workload (`bench workloads list`); generators also take the lengths."
+    ),
     seed: int = typer.Option(0, help="Seed of the prompts (and the engine)."),
     output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
     hf_batch_size: int = typer.Option(32, help="Static batch size of --backend hf."),
@@ -209,24 +211,28 @@ def throughput(
         raise typer.BadParameter(f"--backend must be engine or hf, got {backend!r}")
     if num_prompts < 1 or hf_batch_size < 1:
         raise typer.BadParameter("--num-prompts and --hf-batch-size must be >= 1")
-    if workload is not None and (input_len is not None or output_len is not None):
-        raise typer.BadParameter("give either --workload or --input-len/--output-len, not both")
+    from engine.model_loader import load_hf_config, resolve_model
+    from engine.models import ArchConfig
+    from engine.tokenizer import get_tokenizer
+
+    arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
     if workload is None:
         lengths = [(input_len or 256, output_len or 128)] * num_prompts
     else:
         import workloads
 
-        specs = workloads.load(workload, num_requests=num_prompts, seed=seed, max_model_len=max_model_len)
+        try:  # generators take --input-len/--output-len; shipped mixes refuse them with a clear message
+            specs = workloads.load(
+                workload, num_requests=num_prompts, seed=seed, input_len=input_len, output_len=output_len,
+                max_model_len=max_model_len or arch.max_model_len,
+            )  # fmt: skip
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from error
         lengths = [(s.input_len, s.output_len) for s in specs]
     if any(i < 1 or o < 1 for i, o in lengths):
         raise typer.BadParameter("every request needs input and output lengths >= 1")
 
-    from engine.model_loader import load_hf_config, resolve_model
-    from engine.models import ArchConfig
-    from engine.tokenizer import get_tokenizer
-
-    vocab_size = ArchConfig.from_hf(load_hf_config(resolve_model(model))).vocab_size
-    requests = make_requests(get_tokenizer(model), num_prompts, lengths, vocab_size, seed)
+    requests = make_requests(get_tokenizer(model), num_prompts, lengths, arch.vocab_size, seed)
     if backend == "engine":
         knobs = {
             "dtype": dtype, "device": device, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,

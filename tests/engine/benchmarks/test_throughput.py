@@ -1,0 +1,67 @@
+"""`bench throughput` runs end to end on tiny-random for both backends and writes valid JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from engine.benchmarks.throughput import model_flops
+from engine.model_loader import TINY_RANDOM_CONFIG
+from engine.models import ArchConfig
+
+FIELDS = (
+    "requests_per_second",
+    "tokens_per_second",
+    "output_tokens_per_second",
+    "elapsed_time",
+    "num_requests",
+    "total_num_tokens",
+)
+
+
+@pytest.mark.parametrize("backend", ["engine", "hf"])
+def test_throughput_writes_json(backend: str, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    args = ["throughput", "--backend", backend, "--model", "tiny-random", "--num-prompts", "3"]
+    args += ["--input-len", "12", "--output-len", "5", "--hf-batch-size", "2", "--output-json", str(out)]
+    args += ["--max-model-len", "64", "--max-num-seqs", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert all(data[field] > 0 for field in FIELDS)
+    assert (data["num_requests"], data["total_num_tokens"], data["total_output_tokens"]) == (3, 51, 15)
+    assert data["backend"] == backend and data["dtype"] == "float32"
+    if backend == "engine":
+        assert 0 < data["roofline_fraction"] and data["roofline_gflops"] > 0
+    assert "Throughput:" in result.output
+
+
+def test_lengths_from_a_workload(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    args = ["throughput", "--model", "tiny-random", "--workload", "fixed", "--num-prompts", "2", "--input-len", "9"]
+    args += ["--output-len", "4", "--max-model-len", "64", "--output-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["total_num_tokens"] == 2 * (9 + 4)
+
+
+def test_unknown_workload_is_a_clear_error() -> None:
+    result = CliRunner().invoke(app, ["throughput", "--model", "tiny-random", "--workload", "no-such-mix"])
+    assert result.exit_code != 0 and "unknown workload" in result.output
+
+
+def test_model_flops_formula() -> None:
+    arch = ArchConfig.from_hf(TINY_RANDOM_CONFIG)
+    # per layer: qkv 64*(64+2*32) + o 64*64 + mlp 3*64*128 = 8192 + 4096 + 24576
+    per_token = 2 * 2 * (8192 + 4096 + 24576)
+    assert model_flops(arch, total_tokens=10, output_tokens=3) == per_token * 10 + 2 * 49152 * 64 * 3
+
+
+def test_prepare_model_prints_the_directory() -> None:
+    result = CliRunner().invoke(app, ["prepare-model", "tiny-random"])
+    assert result.exit_code == 0, result.output
+    assert Path(result.output.strip().splitlines()[-1], "config.json").is_file()
