@@ -171,6 +171,13 @@ def test_logprobs(client: openai.OpenAI) -> None:
     # greedy: the sampled token is the most likely one
     pairs = zip(logprobs.top_logprobs, logprobs.token_logprobs, strict=True)
     assert all(abs(max(top.values()) - lp) < 1e-4 for top, lp in pairs)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=2,
+                                          extra_body={"ignore_eos": True})  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(item.top_logprobs) == 2 for item in content)
+    assert "".join(item.token for item in content) == chat.choices[0].message.content
+    assert all(item.logprob == item.top_logprobs[0].logprob for item in content)
 
 
 def test_greedy_http_equals_offline_llm(client: openai.OpenAI) -> None:
@@ -288,16 +295,22 @@ def test_cut_streams_are_aborted(server: LiveServer) -> None:
                 if seen == 2:
                     break  # leaving the block closes the connection mid-stream
 
+    async def give_up_waiting(session: aiohttp.ClientSession, i: int) -> None:
+        body = {"model": MODEL, "prompt": f"{PROMPTS[i % 4]} wait {i}", "max_tokens": 240, "ignore_eos": True}
+        with pytest.raises(asyncio.TimeoutError):
+            await session.post(server.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.3),
+                               headers={"Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(cut(session, i) for i in range(8)))
+            await asyncio.gather(*(cut(session, i) for i in range(8)), *(give_up_waiting(session, i) for i in range(2)))
 
     asyncio.run(run())
     assert wait_until(lambda: metric(server, "vllm:num_requests_running") == 0, timeout=120)
     assert metric(server, "vllm:kv_cache_usage_perc") == 0
     assert metric(server, "vllm:num_requests_waiting") == 0
-    # aborted early: far fewer tokens than 8 full requests would have produced
-    assert metric(server, "vllm:generation_tokens_total") - generated_before < 8 * max_tokens / 2
+    # aborted early: far fewer tokens than the 10 full requests would have produced
+    assert metric(server, "vllm:generation_tokens_total") - generated_before < 10 * max_tokens / 2
 
 
 def test_metrics_exported_with_vllm_names(server: LiveServer) -> None:
