@@ -42,15 +42,18 @@ def test_report_for_the_fixture_run(tmp_path, fixture_run):
     assert _row(markdown, "c0002")[-2:] == ["0", "0"]  # goodput and attainment under an impossible SLO
 
 
-def test_cli_reevaluates_the_slo_from_stored_requests(tmp_path, fixture_run):
-    result = CliRunner().invoke(app, ["report", str(fixture_run), "--slo", "ttft=1000000", "--out", str(tmp_path),
-                                      "--timeline-point", "c0002"])
+def test_cli_on_a_real_sweep_reevaluates_the_slo(tmp_path, fixtures_dir):
+    mock_sweep = fixtures_dir / "mock_sweep"  # `bench sweep` against `bench mock-server` (TTFT 20 ms, gap 5 ms)
+    result = CliRunner().invoke(app, ["report", str(mock_sweep), "--slo", "ttft=1,tpot=1000", "--out", str(tmp_path),
+                                      "--timeline-point", "c0001"])
     assert result.exit_code == 0, result.output
     markdown = (tmp_path / "report.md").read_text()
-    assert "TTFT <= 1e+06 ms" in markdown
-    assert _row(markdown, "c0002")[-1] == "1"  # c0002 had no failure: every request is good
-    assert _row(markdown, "c0001")[-1] == f"{23 / 24:.3g}"  # one failure: attainment counts it as a miss
-    bad = CliRunner().invoke(app, ["report", str(fixture_run), "--slo", "itl=5", "--out", str(tmp_path)])
+    assert "TTFT <= 1 ms, TPOT <= 1000 ms" in markdown
+    assert _row(markdown, "c0004")[-1] == "0"  # the stored run met its own SLO (TTFT <= 40 ms); this one cannot
+    for name in PLOTS:
+        assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
+    _assert_self_contained((tmp_path / "report.html").read_text())
+    bad = CliRunner().invoke(app, ["report", str(mock_sweep), "--slo", "itl=5", "--out", str(tmp_path)])
     assert bad.exit_code == 2
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert bad.exit_code == 2

@@ -89,3 +89,13 @@ def test_recompute_under_the_stored_slo_reproduces_the_run(fixture_run):
     assert (looser["slo_attainment"] >= again["slo_attainment"]).all()
     expected = (run.points["completed"] / (run.points["completed"] + run.points["failed"])).to_numpy()
     np.testing.assert_allclose(looser["slo_attainment"], expected)  # failures always count as misses
+
+
+def test_recomputation_reproduces_the_sweeps_own_points(fixtures_dir):
+    run = load_run(fixtures_dir / "mock_sweep")  # written by `bench sweep` itself
+    for _, point in run.points.iterrows():
+        again = point_metrics(run.point_requests(point["label"]), point["duration"], run.percentiles, run.slo)
+        shared = [k for k, v in again.items() if isinstance(v, (int, float)) and k in point and point[k] is not None]
+        assert len(shared) > 40
+        for key in shared:
+            assert again[key] == pytest.approx(point[key], rel=1e-9, abs=1e-9), (point["label"], key)
