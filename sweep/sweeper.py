@@ -298,7 +298,8 @@ class Sweeper:
         if not self._header_printed:
             self.console.print(
                 f"[bold]{'point':>9} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
-                f"{'TTFT ' + p:>9} {'TPOT p50':>9} {'TPOT ' + p:>9} {'E2EL ' + p:>9} {'attain':>6}[/bold]"
+                f"{'TTFT ' + p:>9} {'TPOT p50':>9} {'TPOT ' + p:>9} {'E2EL ' + p:>9} {'attain':>6}[/bold]",
+                soft_wrap=True,
             )
             self._header_printed = True
         attain = point.get("slo_attainment")
@@ -306,7 +307,8 @@ class Sweeper:
             f"{point['label']:>9} {point['completed']:>5} {point['failed']:>4} {point['request_throughput']:>7.2f} "
             f"{point['output_throughput']:>9.1f} {point['median_ttft_ms']:>9.1f} {point[f'{p}_ttft_ms']:>9.1f} "
             f"{point['median_tpot_ms']:>9.2f} {point[f'{p}_tpot_ms']:>9.2f} {point[f'{p}_e2el_ms']:>9.1f} "
-            f"{'-' if attain is None else f'{attain:.3f}':>6}"
+            f"{'-' if attain is None else f'{attain:.3f}':>6}",
+            soft_wrap=True,
         )
 
     def search(self) -> SearchResult:
