@@ -58,8 +58,13 @@ def gate(
     update_baseline: bool = typer.Option(
         False, "--update-baseline", help="Bless --candidate into --baseline-store (records its config) and exit."
     ),
-    metric: str = typer.Option("ttft_p90,tpot_p50", help="Comma-separated <ttft|tpot|itl|e2el>_<mean|median|pNN>."),
+    metric: str = typer.Option(
+        "ttft_p90,tpot_p50,failure_rate", help="Comma-separated <ttft|tpot|itl|e2el>_<mean|median|pNN> or failure_rate."
+    ),
     max_regression: str = typer.Option("5%", help="Fail only above this relative slow-down, e.g. 5% or 0.05."),
+    max_failure_increase: str = typer.Option(
+        "0%", help="failure_rate: fail only above this increase in percentage points, e.g. 1%."
+    ),
     alpha: float = typer.Option(0.05, help="Family-wise significance level (Holm over all points x metrics)."),
     n_boot: int = typer.Option(2000, help="Bootstrap resamples (raised automatically for many tests)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
@@ -86,6 +91,7 @@ def gate(
         config = GateConfig(
             metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
             max_regression=parse_threshold(max_regression),
+            max_failure_increase=parse_threshold(max_failure_increase),
             alpha=alpha,
             n_boot=n_boot,
             seed=seed,

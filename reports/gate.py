@@ -5,8 +5,10 @@ percentile bootstrap over requests; ITL over pooled chunk gaps) to get the relat
 statistic, candidate / baseline - 1, with its confidence interval and a one-sided bootstrap p-value for
 "the candidate is slower". P-values are Holm-adjusted over every (point, metric) test of the gate so
 the chance of any false alarm stays at `alpha`. A test fails only when the regression is significant
-(adjusted p <= alpha) AND its point estimate exceeds `max_regression`. All metrics are latencies
-(lower is better).
+(adjusted p <= alpha) AND its point estimate exceeds `max_regression`. Latency metrics are
+relative changes; `failure_rate` compares the share of failed requests (one-sided Fisher exact test) and
+fails on a significant increase above `max_failure_increase` percentage points, so a candidate cannot pass
+by failing its slow requests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -25,6 +28,7 @@ from reports.metrics import LATENCY_METRICS, pooled_itl_ms, request_latencies
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
 # precisely so reruns do not share a warm prefix cache.
 IGNORED_WORKLOAD_KEYS = frozenset({"salt"})
+FAILURE_RATE = "failure_rate"
 MAX_BOOTSTRAP_ELEMENTS = 20_000_000  # per batch, bounds memory for long pooled-ITL samples
 
 
@@ -34,12 +38,13 @@ class GateInputError(ValueError):
 
 @dataclass(frozen=True)
 class GateConfig:
-    metrics: tuple[str, ...] = ("ttft_p90", "tpot_p50")
+    metrics: tuple[str, ...] = ("ttft_p90", "tpot_p50", FAILURE_RATE)
     max_regression: float = 0.05  # fraction: 0.05 = 5 %
     alpha: float = 0.05
     n_boot: int = 2000
     seed: int = 0
     min_samples: int = 5
+    max_failure_increase: float = 0.0  # absolute, for `failure_rate`: 0.01 = one percentage point
 
 
 @dataclass
@@ -70,11 +75,15 @@ class GateResult:
 
 
 def parse_metric(spec: str) -> tuple[str, str | float]:
-    """`ttft_p90` -> ("ttft", 90.0); `tpot_p99.9`; `e2el_median` -> 50.0; `itl_mean` -> "mean"."""
+    """`ttft_p90` -> ("ttft", 90.0); `tpot_p99.9`; `e2el_median` -> 50.0; `itl_mean` -> "mean";
+    `failure_rate` -> ("failure_rate", "rate")."""
+    if spec.strip().lower() == FAILURE_RATE:
+        return FAILURE_RATE, "rate"
     match = re.fullmatch(r"(ttft|tpot|itl|e2el)_(mean|median|p\d+(?:\.\d+)?)", spec.strip().lower())
     if not match:
         raise GateInputError(
-            f"unknown gate metric {spec!r}: use <{'|'.join(LATENCY_METRICS)}>_<mean|median|pNN>, e.g. tpot_p50"
+            f"unknown gate metric {spec!r}: use <{'|'.join(LATENCY_METRICS)}>_<mean|median|pNN> (e.g. tpot_p50) "
+            f"or {FAILURE_RATE}"
         )
     name, stat = match.groups()
     if stat == "mean":
@@ -156,6 +165,28 @@ def compare_samples(
     return base_value, cand_value, float(change), float(low), float(high), float(p_value)
 
 
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def compare_failures(base_failed: int, base_n: int, cand_failed: int, cand_n: int, alpha: float) -> tuple:
+    """(baseline rate, candidate rate, difference, CI low, CI high, one-sided Fisher exact p for an increase).
+    The interval is Agresti-Caffo's (one pseudo-failure and one pseudo-success added to each run)."""
+    total, failures = base_n + cand_n, base_failed + cand_failed
+    top = min(failures, cand_n)
+    log_norm = _log_comb(total, cand_n)
+    p_value = sum(
+        math.exp(_log_comb(failures, k) + _log_comb(total - failures, cand_n - k) - log_norm)
+        for k in range(cand_failed, top + 1)
+    )
+    base_rate, cand_rate = base_failed / base_n, cand_failed / cand_n
+    pb, pc = (base_failed + 1) / (base_n + 2), (cand_failed + 1) / (cand_n + 2)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    half = z * math.sqrt(pb * (1 - pb) / (base_n + 2) + pc * (1 - pc) / (cand_n + 2))
+    diff = cand_rate - base_rate
+    return base_rate, cand_rate, diff, pc - pb - half, pc - pb + half, min(1.0, p_value)
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm-Bonferroni adjusted p-values (family-wise error control, any dependence)."""
     m = len(p_values)
@@ -195,11 +226,17 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
     config = replace(config, n_boot=max(config.n_boot, needed))
     rng = np.random.default_rng(config.seed)
     result = GateResult(config)
-    names = {name for _, name, _ in metrics}
+    names = {name for _, name, _ in metrics} - {FAILURE_RATE}
     for label in labels:
         base_samples = metric_samples(baseline, label, names)
         cand_samples = metric_samples(candidate, label, names)
         for spec, name, stat in metrics:
+            if name == FAILURE_RATE:
+                base_rows, cand_rows = baseline.point_requests(label), candidate.point_requests(label)
+                counts = [int((~rows["success"].astype(bool)).sum()) for rows in (base_rows, cand_rows)]
+                values = compare_failures(counts[0], len(base_rows), counts[1], len(cand_rows), config.alpha)
+                result.comparisons.append(Comparison(label, spec, *values, len(base_rows), len(cand_rows)))
+                continue
             base, cand = base_samples[name], cand_samples[name]
             if base.size < config.min_samples:
                 raise GateInputError(
@@ -217,7 +254,8 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
     for comp, adjusted in zip(tested, holm([c.p_value for c in tested]), strict=True):
         comp.p_adjusted = adjusted
         significant = adjusted <= config.alpha
-        comp.failed = significant and comp.change > config.max_regression
+        limit = config.max_failure_increase if comp.metric == FAILURE_RATE else config.max_regression
+        comp.failed = significant and comp.change > limit
         if significant and not comp.failed and comp.change > 0:
             comp.note = "significant but within the threshold"
     return result
@@ -225,6 +263,14 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
 
 def _pct(x: float) -> str:
     return "–" if math.isnan(x) else ("+inf" if math.isinf(x) else f"{x * 100:+.1f}%")
+
+
+def _value(c: Comparison, x: float) -> str:
+    return f"{x * 100:.1f}% failed" if c.metric == FAILURE_RATE else f"{x:.2f} ms"
+
+
+def _change(c: Comparison, x: float) -> str:
+    return f"{x * 100:+.1f} pp" if c.metric == FAILURE_RATE and not math.isnan(x) else _pct(x)
 
 
 def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> str:
@@ -235,11 +281,11 @@ def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> 
         "",
         f"Baseline `{baseline_name}` vs candidate `{candidate_name}`; fails on a regression above "
         f"{cfg.max_regression:.1%} that is significant at alpha={cfg.alpha} (Holm-adjusted over "
-        f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}).",
+        f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}). "
+        f"failure_rate fails on a significant increase above {cfg.max_failure_increase * 100:g} percentage points.",
         "",
-        "| point | metric | baseline ms | candidate ms | change | 95% CI | p (Holm) | n base/cand | result |".replace(
-            "95%", f"{100 * (1 - cfg.alpha):g}%"
-        ),
+        f"| point | metric | baseline | candidate | change | {100 * (1 - cfg.alpha):g}% CI | p (Holm) | n base/cand "
+        "| result |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.comparisons:
@@ -248,8 +294,8 @@ def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> 
             status += f" ({c.note})"
         p = "–" if math.isnan(c.p_adjusted) else f"{c.p_adjusted:.3g}"
         lines.append(
-            f"| {c.point} | {c.metric} | {c.baseline:.2f} | {c.candidate:.2f} | {_pct(c.change)} | "
-            f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}] | {p} | {c.n_baseline}/{c.n_candidate} | {status} |"
+            f"| {c.point} | {c.metric} | {_value(c, c.baseline)} | {_value(c, c.candidate)} | {_change(c, c.change)} | "
+            f"[{_change(c, c.ci_low)}, {_change(c, c.ci_high)}] | {p} | {c.n_baseline}/{c.n_candidate} | {status} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -262,10 +308,12 @@ def write_junit(result: GateResult, path: Path) -> Path:
                           failures=str(failures), errors="0", skipped="0")
     for c in result.comparisons:
         case = ET.SubElement(suite, "testcase", classname=f"gate.{c.point}", name=c.metric, time="0")
-        summary = (f"{c.metric} at {c.point}: {c.baseline:.3f} -> {c.candidate:.3f} ms ({_pct(c.change)}, "
-                   f"CI [{_pct(c.ci_low)}, {_pct(c.ci_high)}], Holm p={c.p_adjusted:.3g}) {c.note}").strip()
+        summary = (f"{c.metric} at {c.point}: {_value(c, c.baseline)} -> {_value(c, c.candidate)} "
+                   f"({_change(c, c.change)}, CI [{_change(c, c.ci_low)}, {_change(c, c.ci_high)}], "
+                   f"Holm p={c.p_adjusted:.3g}) {c.note}").strip()
         if c.failed:
-            ET.SubElement(case, "failure", message=f"regression {_pct(c.change)}", type="regression").text = summary
+            message = f"regression {_change(c, c.change)}"
+            ET.SubElement(case, "failure", message=message, type="regression").text = summary
         else:
             ET.SubElement(case, "system-out").text = summary
     path = Path(path)

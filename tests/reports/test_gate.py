@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -13,9 +14,17 @@ from conftest import synthetic_run, synthetic_run_dir
 from typer.testing import CliRunner
 
 from cli import app
-from reports.gate import GateConfig, GateInputError, holm, parse_metric, parse_threshold, run_gate
+from reports.gate import (
+    GateConfig,
+    GateInputError,
+    compare_failures,
+    holm,
+    parse_metric,
+    parse_threshold,
+    run_gate,
+)
 
-METRICS = ("ttft_p90", "tpot_p50", "e2el_p90")
+METRICS = ("ttft_p90", "tpot_p50", "e2el_p90", "failure_rate")
 
 
 def test_same_distribution_passes_and_tpot_regression_fails():
@@ -159,3 +168,20 @@ def test_example_workflow_uses_real_flags():
     bench_lines = [line for line in runs.splitlines() if ".venv/bin/bench " in line]
     used = {f for line in bench_lines for f in line.split() if f.startswith("--")}
     assert used - options["sweep"] <= options["gate"]
+
+
+def test_failure_rate():
+    base_rate, cand_rate, diff, low, high, p = compare_failures(0, 20, 5, 20, alpha=0.05)
+    assert (base_rate, cand_rate, diff) == (0.0, 0.25, 0.25)
+    assert p == pytest.approx(math.comb(35, 15) / math.comb(40, 20))  # Fisher: all 5 failures in the candidate
+    assert low < diff < high
+    assert compare_failures(3, 50, 0, 50, 0.05)[-1] == pytest.approx(1.0)
+    baseline = synthetic_run("base", seed=31, num_prompts=80)
+    failing = synthetic_run("failing", seed=32, num_prompts=80)
+    rows = failing.requests
+    flaky = rows.index[(rows["label"] == "c0004") & (rows["index"] % 3 == 0)]
+    rows.loc[flaky, "success"] = False  # a third of c0004 fails; the rest is as fast as before
+    result = run_gate(baseline, failing, GateConfig(metrics=("tpot_p50", "failure_rate")))
+    assert [(c.point, c.metric) for c in result.comparisons if c.failed] == [("c0004", "failure_rate")]
+    lenient = run_gate(baseline, failing, GateConfig(metrics=("failure_rate",), max_failure_increase=0.5))
+    assert lenient.passed
