@@ -221,11 +221,10 @@ class ModelRunner:
         self._zero_entered_blocks(blocks[positions % bs == 0])
         seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
         metadata = self.attn_backend.build_metadata(query_lens, seq_lens, block_tables, slot_mapping.to(device), device)
-        hidden = self.model(
-            torch.tensor(input_ids, device=device), positions.to(device), self.attn_backend, metadata
-        )
         rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
-        return self.model.compute_logits(hidden.index_select(0, rows)).float()
+        ids = torch.tensor(input_ids, device=device)
+        hidden = self.model(ids, positions.to(device), self.attn_backend, metadata, output_rows=rows)
+        return self.model.compute_logits(hidden).float()
 
     def _zero_entered_blocks(self, block_ids: torch.Tensor) -> None:
         if block_ids.numel() == 0:

@@ -41,6 +41,7 @@ class TorchAttentionMetadata(AttentionMetadata):
     decode_mask: torch.Tensor | None = None  # [1, num_decodes, 1, max_blocks * block_size] bool
     prefills: list[PrefillChunk] = field(default_factory=list)
     write_indices: torch.Tensor | None = None  # tokens whose slot is >= 0, when some are -1
+    decode_kv_buffer: torch.Tensor | None = None  # the decodes' gathered K/V, allocated by the first layer
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -135,9 +136,14 @@ class TorchAttentionBackend(AttentionBackend):
         n, kvh, group = md.num_decodes, self.num_kv_heads, self.num_heads // self.num_kv_heads
         idx = md.decode_token_indices
         q_dec = q[:n] if idx is None else q.index_select(0, idx)
-        key, value = self._gather(kv_cache, md.decode_block_ids)  # type: ignore[arg-type]
-        key = key.view(kvh, n, -1, self.head_dim)
-        value = value.view(kvh, n, -1, self.head_dim)
+        ids = md.decode_block_ids
+        assert ids is not None
+        # one gather buffer per step, reused by every layer (no per-layer allocation of the padded KV)
+        if md.decode_kv_buffer is None:
+            md.decode_kv_buffer = kv_cache.new_empty((2, kvh, ids.numel(), self.block_size, self.head_dim))
+        gathered = torch.index_select(kv_cache, 2, ids, out=md.decode_kv_buffer)
+        key = gathered[0].view(kvh, n, -1, self.head_dim)
+        value = gathered[1].view(kvh, n, -1, self.head_dim)
         q_dec = q_dec.view(n, kvh, group, self.head_dim).transpose(0, 1)  # [kvh, n, group, head_dim]
         o = F.scaled_dot_product_attention(q_dec, key, value, attn_mask=md.decode_mask, scale=self.scale)
         o = o.transpose(0, 1).reshape(n, self.num_heads, self.head_dim)

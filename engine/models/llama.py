@@ -118,12 +118,16 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         backend: AttentionBackend,
         metadata: AttentionMetadata,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [num_tokens, hidden] (normed); call compute_logits on the rows to sample."""
+        """Final normed hidden states of the tokens `output_rows` (default: all); feed them to compute_logits."""
         hidden = F.embedding(input_ids, self.embed_tokens)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, backend, metadata)
+        assert residual is not None
+        if output_rows is not None:
+            hidden, residual = hidden.index_select(0, output_rows), residual.index_select(0, output_rows)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
