@@ -75,10 +75,12 @@ class PointSpec:
         assert self.duration is not None
         if self.mode == "rate" and math.isfinite(self.rate):
             return max(1, math.ceil(self.rate * self.duration))
-        return DURATION_POOL_DEFAULT
+        return min(DURATION_POOL_MAX, max(DURATION_POOL_MIN, DURATION_POOL_PER_STREAM * (self.concurrency or 1)))
 
 
-DURATION_POOL_DEFAULT = 1000  # closed loop with only --duration: the point also ends if these run out
+# Closed loop with only --duration: prompts are synthesized before the point (never while it is measured), so the
+# pool is sized up front; the point also ends if it runs out (flagged `pool_exhausted`; pass --num-prompts).
+DURATION_POOL_MIN, DURATION_POOL_PER_STREAM, DURATION_POOL_MAX = 200, 20, 2000
 
 
 @dataclass

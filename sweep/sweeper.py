@@ -253,6 +253,11 @@ class Sweeper:
                 on_done=lambda: progress.advance(task),
             )
         point = self.point_dict(run)
+        if run.extras.get("pool_exhausted"):
+            self.console.print(
+                f"[yellow]{spec.label}: all {len(run.prompts)} prompts were sent before --duration ended; "
+                "pass a larger --num-prompts for the pool[/yellow]"
+            )
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         return point
