@@ -52,13 +52,13 @@ class Scheduler:
         num_prompt = request.num_prompt_tokens
         if num_prompt == 0:
             raise ValueError(f"request {request.request_id!r}: the prompt is empty")
-        if request.max_tokens < 1:
-            raise ValueError(f"request {request.request_id!r}: max_tokens must be >= 1, got {request.max_tokens}")
         if num_prompt + 1 > self.max_model_len:
             raise ValueError(
                 f"request {request.request_id!r}: the prompt has {num_prompt} tokens, but max_model_len="
                 f"{self.max_model_len} leaves no room for an output token; shorten the prompt or raise max_model_len"
             )
+        if request.max_tokens < 1:
+            raise ValueError(f"request {request.request_id!r}: max_tokens must be >= 1, got {request.max_tokens}")
         # The last sampled token's KV is never written, hence the -1.
         max_kv_tokens = min(num_prompt + request.max_tokens, self.max_model_len) - 1
         num_blocks = self.kv_cache_manager.num_blocks
