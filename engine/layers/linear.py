@@ -82,9 +82,11 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """Y = X A with A split by columns (output features); each rank holds output_size / tp_size."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        tp_size = kwargs.get("tp_size", 1)
-        super().__init__(input_size, _divide(output_size, tp_size), bias, dtype, **kwargs)
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0,
+        quant_method: LinearMethodBase | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(input_size, _divide(output_size, tp_size), bias, dtype, tp_size, tp_rank, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         shard = param.data.shape[0]
@@ -94,9 +96,12 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input stacked into one matmul (gate_up_proj)."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, dtype: torch.dtype, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self, input_size: int, output_sizes: list[int], bias: bool, dtype: torch.dtype, tp_size: int = 1,
+        tp_rank: int = 0, quant_method: LinearMethodBase | None = None,
+    ) -> None:  # fmt: skip
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias, dtype, **kwargs)
+        super().__init__(input_size, sum(output_sizes), bias, dtype, tp_size, tp_rank, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         assert isinstance(shard_id, int), "a merged projection loads one shard index at a time"
@@ -108,17 +113,16 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """Q, K and V projections in one matmul; heads are sharded over ranks (KV heads replicated if fewer)."""
 
-    def __init__(  # type: ignore[no-untyped-def]
+    def __init__(
         self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int, bias: bool,
-        dtype: torch.dtype, **kwargs,
-    ) -> None:
-        tp_size = kwargs.get("tp_size", 1)
+        dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0, quant_method: LinearMethodBase | None = None,
+    ) -> None:  # fmt: skip
         self.head_size = head_size
         self.num_heads = _divide(total_num_heads, tp_size)
         self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
         self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
-        super().__init__(hidden_size, output_size, bias, dtype, **kwargs)
+        super().__init__(hidden_size, output_size, bias, dtype, tp_size, tp_rank, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
@@ -136,9 +140,11 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Y = X A with A split by rows (input features); partial sums are all-reduced across ranks."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        tp_size = kwargs.get("tp_size", 1)
-        super().__init__(_divide(input_size, tp_size), output_size, bias, dtype, **kwargs)
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0,
+        quant_method: LinearMethodBase | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(_divide(input_size, tp_size), output_size, bias, dtype, tp_size, tp_rank, quant_method)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         if param.dim() == 1:  # the bias is added once, after the reduction
