@@ -173,7 +173,15 @@ def _render_report(run_dir: Path, slo: dict | None) -> None:
     render = getattr(reports, "render_report", None)
     if render is None:
         return
-    out = render([run_dir], run_dir / "report", slo=slo)
+    try:
+        out = render([run_dir], run_dir / "report", slo=slo)
+    except Exception as e:  # the run directory is complete; only the report is missing
+        typer.secho(
+            f"warning: the report failed ({type(e).__name__}: {e}); the results in {run_dir} are complete",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        return
     typer.echo(f"report: {out}")
 
 

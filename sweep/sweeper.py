@@ -252,6 +252,7 @@ class Sweeper:
                 client_procs=self.config.client_procs,
                 on_done=lambda: progress.advance(task),
             )
+        self._check_server_alive()
         point = self.point_dict(run)
         if run.extras.get("pool_exhausted"):
             self.console.print(
@@ -261,6 +262,17 @@ class Sweeper:
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         return point
+
+    def _check_server_alive(self) -> None:
+        """A launched engine that died mid-point fails the sweep (with its log) instead of recording failures."""
+        if self.server is None or self.server.process is None:
+            return
+        code = self.server.process.poll()
+        if code is not None:
+            raise RuntimeError(
+                f"the engine exited with code {code} during the sweep; log {self.server.log_path}:\n"
+                f"{self.server.log_tail()}"
+            )
 
     def point_dict(self, run: PointRun) -> dict[str, Any]:
         spec = run.spec

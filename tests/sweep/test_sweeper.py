@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import sweep.sweeper
 from sweep.calibrate import start_mock
 from sweep.launcher import ServerProcess
 from sweep.runner import WorkloadConfig
-from sweep.sweeper import SweepConfig, run_sweep
+from sweep.sweeper import SweepConfig, Sweeper, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +25,12 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield server
 
 
-def config(mock: ServerProcess, out: Path, **overrides: object) -> SweepConfig:
+def config(mock: ServerProcess | None, out: Path, **overrides: object) -> SweepConfig:
     fields = dict(
         output_dir=out,
         mode="concurrency",
         values=[1, 4],
-        url=mock.url,
+        url=mock.url if mock else None,
         model="mock",
         tokenizer="tiny-random",
         workload=WorkloadConfig(workload="random", input_len=24, output_len=6, range_ratio=0.5, seed=1),
@@ -137,3 +139,17 @@ def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
     search = json.loads((run_dir / "search.json").read_text())
     assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004"]
     assert len(sweep.load_results(run_dir).points) == 3
+
+
+def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> None:
+    template = f"{shlex.quote(sys.executable)} -m sweep.mock_server --port {{port}} --ttft-ms 1 --itl-ms 1"
+    cfg = config(None, tmp_path / "run", launch_template=template, num_warmups=0, num_prompts=3)
+    with Sweeper(cfg) as sweeper:
+        assert sweeper.measure(1)["completed"] == 3
+        assert sweeper.writer.config["target"]["url"] == sweeper.server.url  # the launched port is recorded
+        sweeper.server.process.kill()
+        sweeper.server.process.wait()
+        with pytest.raises(RuntimeError, match="exited with code -9"):
+            sweeper.measure(4)
+    assert [p.name for p in (tmp_path / "run" / "points").iterdir()] == ["c0001.json"]
+    assert "sweep.mock_server" in (tmp_path / "run" / "server.log").read_text()
