@@ -179,18 +179,21 @@ def cdfs(runs: list[RunData]) -> Figure:
 def timeline(run: RunData, label: str) -> Figure:
     """One bar per request: client queue (intended -> sent), waiting for the first token, streaming."""
     rows = run.point_requests(label).sort_values("send_time")
-    origin = float(pd.to_numeric(rows["intended_send_time"], errors="coerce").fillna(rows["send_time"]).min())
+    send = pd.to_numeric(rows["send_time"], errors="coerce").to_numpy(dtype=float)
+    intended = pd.to_numeric(rows["intended_send_time"], errors="coerce").to_numpy(dtype=float)
+    intended = np.where(np.isfinite(intended), intended, send)
+    first = pd.to_numeric(rows["first_token_time"], errors="coerce").to_numpy(dtype=float)
+    last = pd.to_numeric(rows["last_token_time"], errors="coerce").to_numpy(dtype=float)
+    end = pd.to_numeric(rows["end_time"], errors="coerce").to_numpy(dtype=float)
+    ok = rows["success"].astype(bool).to_numpy()
+    origin = float(np.nanmin(intended))
+    y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(11, max(3.0, min(0.12 * len(rows) + 1.5, 14))))
-    for y, (_, req) in enumerate(rows.iterrows()):
-        send = req["send_time"] - origin
-        intended = (req["intended_send_time"] if pd.notna(req["intended_send_time"]) else req["send_time"]) - origin
-        ax.barh(y, send - intended, left=intended, color="lightgrey", height=0.8)
-        if req["success"]:
-            first, last = req["first_token_time"] - origin, req["last_token_time"] - origin
-            ax.barh(y, first - send, left=send, color="tab:orange", height=0.8)
-            ax.barh(y, last - first, left=first, color="tab:blue", height=0.8)
-        else:
-            ax.barh(y, req["end_time"] - origin - send, left=send, color="tab:red", height=0.8)
+    height = 0.8 if len(rows) < 200 else 1.0
+    ax.barh(y, send - intended, left=intended - origin, color="lightgrey", height=height)
+    ax.barh(y[ok], (first - send)[ok], left=(send - origin)[ok], color="tab:orange", height=height)
+    ax.barh(y[ok], (last - first)[ok], left=(first - origin)[ok], color="tab:blue", height=height)
+    ax.barh(y[~ok], (end - send)[~ok], left=(send - origin)[~ok], color="tab:red", height=height)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("lightgrey", "tab:orange", "tab:blue", "tab:red")]
     names = ["client queue", "waiting for first token", "streaming", "failed"]
     ax.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
