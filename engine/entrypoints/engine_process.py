@@ -16,10 +16,13 @@ import queue
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.request import Request
+
+if TYPE_CHECKING:
+    from engine.engine_core import EngineCore
 
 _PARENT_CHECK_INTERVAL_S = 1.0
 
@@ -42,26 +45,13 @@ class EngineInfo:
         return self.num_gpu_blocks * self.block_size
 
 
-def _num_gpu_blocks(core: Any) -> int:
-    for owner in (core, getattr(core, "scheduler", None), getattr(core, "kv_cache_manager", None)):
-        for name in ("num_gpu_blocks", "num_blocks"):
-            value = getattr(owner, name, None)
-            if isinstance(value, int):
-                return value
-    scheduler = getattr(core, "scheduler", None)
-    manager = getattr(scheduler, "kv_cache_manager", None)
-    pool = getattr(manager, "block_pool", None)
-    return int(getattr(manager, "num_blocks", None) or getattr(pool, "num_blocks", 0) or 0)
-
-
-def _engine_info(core: Any, config: EngineConfig) -> EngineInfo:
-    runner = getattr(core, "model_runner", None)
+def _engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     return EngineInfo(
         model=config.model_config.model,
-        max_model_len=int(core.max_model_len),
-        vocab_size=int(getattr(runner, "vocab_size", 0) or getattr(core, "vocab_size", 0)),
+        max_model_len=core.max_model_len,
+        vocab_size=core.vocab_size,
         eos_token_ids=list(core.eos_token_ids),
-        num_gpu_blocks=_num_gpu_blocks(core),
+        num_gpu_blocks=core.num_gpu_blocks,
         block_size=config.cache_config.block_size,
         epoch_offset=time.time() - time.monotonic(),
     )
@@ -85,7 +75,7 @@ def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any) -
     _busy_loop(core, input_queue, output_queue)
 
 
-def _busy_loop(core: Any, input_queue: Any, output_queue: Any) -> None:
+def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:
     parent = multiprocessing.parent_process()
     requests: dict[str, Request] = {}
     last_parent_check = time.monotonic()
@@ -123,7 +113,7 @@ def _busy_loop(core: Any, input_queue: Any, output_queue: Any) -> None:
                 return  # the API process died: never outlive it
 
 
-def _handle(core: Any, message: tuple, requests: dict[str, Request], output_queue: Any) -> None:
+def _handle(core: EngineCore, message: tuple, requests: dict[str, Request], output_queue: Any) -> None:
     kind = message[0]
     if kind == "add":
         request: Request = message[1]

@@ -65,7 +65,7 @@ class OpenAIServing:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
-        vocab_size = self.info.vocab_size or len(self.tokenizer)
+        vocab_size = self.info.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab_size]
         if bad:
             raise bad_request(f"token ids must be in [0, {vocab_size}), got {bad[:5]}", param)
