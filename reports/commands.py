@@ -65,6 +65,9 @@ def gate(
     max_failure_increase: str = typer.Option(
         "0%", help="failure_rate: fail only above this increase in percentage points, e.g. 1%."
     ),
+    ignore_workload: bool = typer.Option(
+        False, "--ignore-workload", help="Skip the same-workload check (e.g. a vLLM result against a sweep)."
+    ),
     alpha: float = typer.Option(0.05, help="Family-wise significance level (Holm over all points x metrics)."),
     n_boot: int = typer.Option(2000, help="Bootstrap resamples (raised automatically for many tests)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
@@ -92,6 +95,7 @@ def gate(
             metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
             max_regression=parse_threshold(max_regression),
             max_failure_increase=parse_threshold(max_failure_increase),
+            check_workload=not ignore_workload,
             alpha=alpha,
             n_boot=n_boot,
             seed=seed,

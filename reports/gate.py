@@ -45,6 +45,7 @@ class GateConfig:
     seed: int = 0
     min_samples: int = 5
     max_failure_increase: float = 0.0  # absolute, for `failure_rate`: 0.01 = one percentage point
+    check_workload: bool = True  # off to compare across tools, whose workload records differ
 
 
 @dataclass
@@ -199,14 +200,10 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted.tolist()
 
 
-def check_comparable(baseline: RunData, candidate: RunData) -> list[str]:
+def check_comparable(baseline: RunData, candidate: RunData, check_workload: bool = True) -> list[str]:
     """Raise GateInputError when workloads or points differ; returns the shared point labels in order."""
-    base_work = {k: v for k, v in (baseline.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
-    cand_work = {k: v for k, v in (candidate.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
-    if base_work != cand_work:
-        diff = sorted(k for k in base_work.keys() | cand_work.keys() if base_work.get(k) != cand_work.get(k))
-        details = ", ".join(f"{k}: {base_work.get(k)!r} vs {cand_work.get(k)!r}" for k in diff)
-        raise GateInputError(f"the runs used different workloads ({details}); rerun the candidate with the same flags")
+    if check_workload:
+        _check_workloads(baseline, candidate)
     if baseline.mode != candidate.mode:
         raise GateInputError(f"baseline sweeps {baseline.mode} but candidate sweeps {candidate.mode}")
     base_labels, cand_labels = list(baseline.points["label"]), list(candidate.points["label"])
@@ -217,8 +214,20 @@ def check_comparable(baseline: RunData, candidate: RunData) -> list[str]:
     return base_labels
 
 
+def _check_workloads(baseline: RunData, candidate: RunData) -> None:
+    base_work = {k: v for k, v in (baseline.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
+    cand_work = {k: v for k, v in (candidate.config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
+    if base_work != cand_work:
+        diff = sorted(k for k in base_work.keys() | cand_work.keys() if base_work.get(k) != cand_work.get(k))
+        details = ", ".join(f"{k}: {base_work.get(k)!r} vs {cand_work.get(k)!r}" for k in diff)
+        raise GateInputError(
+            f"the runs used different workloads ({details}); rerun the candidate with the same flags "
+            "(or pass --ignore-workload to compare runs of different tools)"
+        )
+
+
 def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateResult:
-    labels = check_comparable(baseline, candidate)
+    labels = check_comparable(baseline, candidate, config.check_workload)
     metrics = [(spec, *parse_metric(spec)) for spec in config.metrics]
     # The smallest bootstrap p-value is 1/(n_boot+1); Holm multiplies it by the number of tests, so
     # keep enough resamples that a clear regression can still reach significance.

@@ -80,6 +80,7 @@ def test_unusable_input_is_refused():
     fewer_points = synthetic_run("p", seed=2, loads=[1, 2, 4])
     with pytest.raises(GateInputError, match="different points"):
         run_gate(base, fewer_points, GateConfig())
+    assert run_gate(base, other_workload, GateConfig(check_workload=False)).comparisons
     salted = synthetic_run("s", seed=2)
     salted.config["workload"]["salt"] = "another-run"
     assert run_gate(base, salted, GateConfig()).comparisons  # the per-run salt may differ
@@ -185,3 +186,12 @@ def test_failure_rate():
     assert [(c.point, c.metric) for c in result.comparisons if c.failed] == [("c0004", "failure_rate")]
     lenient = run_gate(baseline, failing, GateConfig(metrics=("failure_rate",), max_failure_increase=0.5))
     assert lenient.passed
+
+
+def test_gate_on_imported_vllm_results(tmp_path, fixtures_dir):
+    for name in ("vllm_c0002.json", "vllm_c0004.json"):
+        shutil.copy(fixtures_dir / name, tmp_path / name)
+    result = CliRunner().invoke(app, ["gate", "--baseline", str(tmp_path), "--candidate", str(tmp_path),
+                                      "--metric", "ttft_p90,tpot_p50,itl_p50,e2el_mean,failure_rate"])
+    assert result.exit_code == 0, result.output
+    assert "| c0004 | itl_p50 |" in result.output
