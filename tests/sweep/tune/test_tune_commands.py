@@ -1,0 +1,121 @@
+"""`bench tune` end to end on tiny-random: real `bench serve` engines, real load points, real storages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweep.tune.backend import process_start
+
+BENCH = str(Path(sys.executable).with_name("bench"))
+SPACE = {"max_num_seqs": {"choices": [1, 2, 4]}, "enable_prefix_caching": {"choices": [False, True]},
+         "max_num_batched_tokens": {"fixed": 256}, "enable_chunked_prefill": {"fixed": True},
+         "max_model_len": {"fixed": 128}, "block_size": {"fixed": 16}}
+
+
+def tune_command(out: Path, n_trials: int, space: dict | None = None, *extra: str) -> list[str]:
+    space_file = out.parent / f"{out.name}-space.json"
+    space_file.write_text(json.dumps(space or SPACE))
+    return [BENCH, "tune", "--model", "tiny-random", "--slo", "ttft=5000,tpot=2000", "--n-trials", str(n_trials),
+            "--space", str(space_file), "--output-dir", str(out), "--input-len", "16", "--output-len", "4",
+            "--num-prompts", "2", "--num-warmups", "0", "--max-load", "2", "--startup-timeout", "180", *extra]
+
+
+def load_study(out: Path) -> optuna.Study:
+    (name,) = optuna.get_all_study_names(f"sqlite:///{out / 'tune.db'}")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'tune.db'}")
+
+
+def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
+@pytest.mark.slow
+def test_six_trial_study_writes_runs_best_command_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    done = subprocess.run(tune_command(out, 6), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = load_study(out)
+    assert len(finished(study)) == 6 and len(study.trials) == 6
+    best = json.loads((out / "best.json").read_text())
+    assert best and best[0]["serve_command"].startswith("bench serve tiny-random ")
+    assert "--max-num-seqs" in best[0]["serve_command"]
+    assert best[0]["serve_command"] in " ".join(done.stdout.split())
+    for trial in study.trials:
+        run_dir = Path(trial.user_attrs["run_dir"])
+        assert (run_dir / "server.log").exists()
+        if trial.state == TrialState.COMPLETE:
+            config = json.loads((run_dir / "repeat0" / "config.json").read_text())
+            assert config["target"]["engine_knobs"]["max_num_seqs"] == trial.params["max_num_seqs"]
+            points = sorted((run_dir / "repeat0" / "points").glob("*.json"))
+            assert points and trial.user_attrs["metrics"]["completed"] == 2
+    page = (out / "tune_report.html").read_text()
+    assert "Optimisation history" in page and "data:image/png;base64," in page
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_trial_resumes_with_the_same_command(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    command = tune_command(out, 2)
+    tuner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = out / "trials" / "trial_0000" / "engine.pid"
+    deadline = time.monotonic() + 600
+    while not pid_file.exists() and tuner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), "the first trial never started its engine"
+    engine = json.loads(pid_file.read_text())
+    tuner.send_signal(signal.SIGKILL)  # mid-trial: the engine is up and being measured
+    tuner.wait()
+    assert process_start(engine["pid"]) == engine["start"]  # the orphan engine is still alive ...
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert process_start(engine["pid"]) != engine["start"]  # ... until the resumed study ends it
+    study = load_study(out)
+    assert len(finished(study)) == 2
+    killed = study.trials[0]
+    assert killed.state == TrialState.FAIL and "died mid-trial" in killed.user_attrs["error"]
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == 0)
+    assert retry.params == killed.params and retry.state in (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+@pytest.mark.slow
+def test_a_configuration_that_cannot_start_is_recorded_infeasible(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    space = {**SPACE, "max_num_seqs": {"fixed": 2}, "block_size": {"fixed": 24}}  # 24: the engine refuses to start
+    done = subprocess.run(tune_command(out, 1, space), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no feasible configuration" in done.stdout
+    (trial,) = load_study(out).trials
+    assert trial.state == TrialState.COMPLETE and trial.values == [0.0]
+    assert trial.user_attrs["status"] == "infeasible" and trial.constraints["starts"] > 0
+    assert "block_size must be a positive power of two" in trial.user_attrs["error"]
+
+
+@pytest.mark.slow
+def test_two_tune_workers_share_one_postgresql_study(tmp_path: Path, postgres_dsn: str) -> None:
+    extra = ("--storage", postgres_dsn, "--study-name", "e2e-shared")
+    workers = [subprocess.Popen(tune_command(tmp_path / f"w{i}", 3, None, *extra), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+               for i in range(2)]
+    for worker in workers:
+        output, _ = worker.communicate(timeout=900)
+        assert worker.returncode == 0, output
+    study = optuna.load_study(study_name="e2e-shared", storage=postgres_dsn)
+    trials = study.get_trials()
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert 3 <= len(trials) <= 4
+    assert len({t.user_attrs["worker"]["pid"] for t in trials}) == 2
+    dirs = {Path(t.user_attrs["run_dir"]).name for t in trials}
+    assert len(dirs) == len(trials)  # each trial wrote its own run directory
+    optuna.delete_study(study_name="e2e-shared", storage=postgres_dsn)
