@@ -54,7 +54,7 @@ class Comparison:
     metric: str
     baseline: float
     candidate: float
-    change: float  # relative: candidate / baseline - 1
+    change: float  # latency: candidate / baseline - 1; failure_rate: candidate - baseline
     ci_low: float
     ci_high: float
     p_value: float
@@ -101,9 +101,9 @@ def parse_threshold(text: str) -> float:
     try:
         value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise GateInputError(f"bad --max-regression {text!r}: use e.g. 5% or 0.05") from None
+        raise GateInputError(f"bad threshold {text!r}: use e.g. 5% or 0.05") from None
     if not 0 <= value < 10:
-        raise GateInputError(f"bad --max-regression {text!r}: must be between 0% and 1000%")
+        raise GateInputError(f"bad threshold {text!r}: must be between 0% and 1000%")
     return value
 
 

@@ -60,10 +60,11 @@ class RunData:
 
 def point_label(max_concurrency: int | None, request_rate: float | str | None) -> str:
     """The sweep's point label: `c0016` for concurrency 16, `r0002.00` for rate 2.0, `rinf`."""
+    from sweep.results import concurrency_label, rate_label
+
     if max_concurrency is not None:
-        return f"c{int(max_concurrency):04d}"
-    rate = float(request_rate) if request_rate not in (None, "inf") else math.inf
-    return "rinf" if math.isinf(rate) else f"r{rate:07.2f}"
+        return concurrency_label(int(max_concurrency))
+    return rate_label(float(request_rate) if request_rate not in (None, "inf") else math.inf)
 
 
 def load_run(path: str | Path, name: str | None = None) -> RunData:
