@@ -249,7 +249,8 @@ def run_point(
         records, t0, duration, extras = asyncio.run(
             _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done)
         )
-    if spec.duration is not None and spec.num_prompts is None and len(records) == len(prompts):
+    closed_loop = spec.mode == "concurrency" or math.isinf(spec.rate)
+    if closed_loop and spec.duration is not None and spec.num_prompts is None and len(records) == len(prompts):
         extras["pool_exhausted"] = duration < spec.duration  # closed loop ran out of prompts before the end
     by_index = {p.index: p for p in prompts}
     count_tokens(records, tokenizer, by_index)
