@@ -66,7 +66,7 @@ class TorchAttentionBackend(AttentionBackend):
             num_blocks = -(-seq_len // bs)
             if len(table) < num_blocks:
                 raise ValueError(f"a sequence of {seq_len} tokens needs {num_blocks} blocks, got {len(table)}")
-            if query_len == 1:
+            if query_len == 1 and seq_len > 1:
                 decode_tokens.append(start)
                 decode_tables.append(table[:num_blocks])
                 decode_lens.append(seq_len)
