@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -277,7 +278,7 @@ async def serve(server: Server, sock: socket.socket, startup_line: str) -> None:
     await runner.setup()
     site = web.SockSite(runner, sock)
     await site.start()
-    logger.info(startup_line)
+    print(startup_line, file=sys.stderr, flush=True)  # always shown, whatever the log level: launchers read it
     await stop.wait()
     logger.info("shutting down")
     await server.drain()

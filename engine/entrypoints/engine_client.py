@@ -95,7 +95,9 @@ class EngineClient:
     def start(self, timeout_s: float = 1800.0) -> EngineInfo:
         """Spawn the engine process and wait until the model is loaded (blocking)."""
         self._process = self._ctx.Process(
-            target=run_engine_core, args=(self.config, self._input, self._output), name="servelab-engine-core"
+            target=run_engine_core,
+            args=(self.config, self._input, self._output, logging.getLogger().getEffectiveLevel()),
+            name="servelab-engine-core",
         )
         self._process.start()
         deadline = time.monotonic() + timeout_s

@@ -11,6 +11,7 @@ API process can report engine-side timing even for requests it ends itself (stop
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing
 import queue
 import signal
@@ -57,12 +58,14 @@ def _engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     )
 
 
-def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any) -> None:
+def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any, log_level: int = logging.INFO) -> None:
     """Process target. Ctrl-C (and `kill` of the process group) reaches this process too, but the API process owns
     shutdown: it drains in-flight requests first, then sends "shutdown" (or kills this process). If the API process
     dies instead, the busy loop notices and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A spawned process starts with bare logging: show the engine's own lines (KV blocks, load progress) too.
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         from engine.engine_core import EngineCore
 
