@@ -49,15 +49,20 @@ def _type_error(name: str, expected: str, value: Any) -> ApiError:
     return bad_request(f"'{name}' must be {expected}, got {type(value).__name__} {value!r:.60}", name)
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def get_int(body: dict[str, Any], name: str, default: Any = None) -> Any:
     value = body.get(name, _MISSING)
     if value is _MISSING or value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         # JSON numbers like 16.0 are accepted as integers, as OpenAI does.
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _type_error(name, "an integer", value)
+        if not (isinstance(value, float) and value.is_integer()):
+            raise _type_error(name, "an integer", value)
+        value = int(value)
+    if not _INT64[0] <= value <= _INT64[1]:  # e.g. a seed torch cannot take would crash the engine
+        raise bad_request(f"'{name}' must fit in a signed 64-bit integer, got {value!r:.30}", name)
     return value
 
 
@@ -96,6 +101,8 @@ def get_int_list(body: dict[str, Any], name: str) -> list[int]:
         return []
     if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
         raise _type_error(name, "a list of integers", value)
+    if any(not 0 <= v <= _INT64[1] for v in value):
+        raise bad_request(f"'{name}' must hold token ids (non-negative integers)", name)
     return value
 
 

@@ -203,6 +203,7 @@ ERROR_CASES = [
     ("/v1/completions", {"prompt": "hi", "top_p": 1.01}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed"),  # would crash torch's generator
     ("/v1/completions", {"prompt": "hi", "max_tokens": 256}, 400, "max_tokens"),  # prompt + 256 > 256
     ("/v1/completions", {"prompt": [1] * 256}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": [10**9]}, 400, "prompt"),
