@@ -143,6 +143,7 @@ class EngineClient:
             self._process.join()
         if self._thread is not None:
             self._thread.join(timeout=2 * _POLL_INTERVAL_S + 1)
+        self._input.cancel_join_thread()  # a dead engine never drains its pipe: do not wait on it at exit
         self._input.close()
         self._output.close()
 

@@ -141,7 +141,7 @@ class GenerationRequest:
     sampling_params: SamplingParams
     stream: bool
     stream_options: StreamOptions
-    max_tokens_given: bool  # False: generate up to max_model_len (chat default)
+    max_tokens_param: str  # the name the client used ("max_tokens" or "max_completion_tokens"), for errors
 
 
 @dataclass
@@ -253,7 +253,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         sampling_params=_sampling_params(body, max_tokens, logprobs),
         stream=stream,
         stream_options=stream_options,
-        max_tokens_given=True,
+        max_tokens_param="max_tokens",
         prompt=prompt,
         logprobs=logprobs,
     )
@@ -320,7 +320,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         sampling_params=_sampling_params(body, max_tokens, top_logprobs if logprobs else None),
         stream=stream,
         stream_options=stream_options,
-        max_tokens_given=max_tokens is not None,
+        max_tokens_param="max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
         messages=messages,
         add_generation_prompt=get_bool(body, "add_generation_prompt", True),
         logprobs=logprobs,

@@ -39,8 +39,7 @@ class OpenAIServingChat(OpenAIServing):
         assert req.messages is not None
         messages = req.messages
         prompt_token_ids = await self.run_blocking(lambda: self.render_chat(messages, req.add_generation_prompt))
-        max_tokens_param = "max_tokens"
-        request = self.build_request(random_id("chatcmpl"), prompt_token_ids, req.sampling_params, max_tokens_param)
+        request = self.build_request(random_id("chatcmpl"), prompt_token_ids, req.sampling_params, req.max_tokens_param)
         generation = self.generate(request, api_arrival)
         first = await start_generation(generation)
         if req.stream:

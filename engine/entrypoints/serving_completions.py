@@ -29,7 +29,7 @@ class OpenAIServingCompletion(OpenAIServing):
         else:
             prompt_token_ids = req.prompt
             self.check_token_ids(prompt_token_ids)
-        request = self.build_request(random_id("cmpl"), prompt_token_ids, req.sampling_params, "max_tokens")
+        request = self.build_request(random_id("cmpl"), prompt_token_ids, req.sampling_params, req.max_tokens_param)
         generation = self.generate(request, api_arrival)
         first = await start_generation(generation)
         if req.stream:

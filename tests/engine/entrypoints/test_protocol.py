@@ -140,10 +140,10 @@ def test_chat_fields() -> None:
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": ""},
     ]
-    assert request.sampling_params.max_tokens == 5 and request.max_tokens_given
+    assert request.sampling_params.max_tokens == 5 and request.max_tokens_param == "max_completion_tokens"
     assert request.sampling_params.logprobs == 2 and request.logprobs and request.top_logprobs == 2
 
 
 def test_chat_without_max_tokens_runs_to_the_context_limit() -> None:
     request = parse_chat_request(chat())
-    assert request.sampling_params.max_tokens is None and not request.max_tokens_given
+    assert request.sampling_params.max_tokens is None and request.max_tokens_param == "max_tokens"
