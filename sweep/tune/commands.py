@@ -28,16 +28,25 @@ def best_commands(study: Any, model: str, launch_command: str | None) -> list[di
     from sweep.tune.space import fill_template, serve_command
     from sweep.tune.study import best_trials
 
-    out = []
+    out: list[dict[str, Any]] = []
     for trial in best_trials(study):
         knobs = trial.user_attrs.get("knobs", trial.params)
+        if any(entry["knobs"] == knobs for entry in out):  # a configuration measured twice shows once
+            continue
         run_dir = trial.user_attrs.get("run_dir")
-        out.append({
-            "number": trial.number, "values": trial.values, "knobs": knobs, "run_dir": run_dir,
-            "serve_command": serve_command(model, knobs),
-            "launch_command": fill_template(launch_command, model, knobs) if launch_command else None,
-            "metrics": trial.user_attrs.get("metrics", {}), "spread": trial.user_attrs.get("spread"),
-        })
+        out.append(
+            {
+                "number": trial.number,
+                "values": trial.values,
+                "knobs": knobs,
+                "run_dir": run_dir,
+                "serve_command": serve_command(model, knobs),
+                "launch_command": (fill_template(launch_command, model, knobs, port=8000, host="127.0.0.1")
+                               if launch_command else None),
+                "metrics": trial.user_attrs.get("metrics", {}),
+                "spread": trial.user_attrs.get("spread"),
+            }
+        )
     return out
 
 
@@ -63,8 +72,9 @@ def tune(
     concurrency: int | None = typer.Option(None, help="Closed loop: fixed load (goodput/pareto) or search start."),
     request_rate: float | None = typer.Option(None, help="Open loop (req/s): fixed load or search start."),
     max_load: float = typer.Option(64, help="max-load: the search never goes above this load."),
-    launch_command: str | None = typer.Option(None, help="External engine template, e.g. 'vllm serve {model} "
-                                              "--port {port} --max-num-seqs {max_num_seqs}'."),
+    launch_command: str | None = typer.Option(
+        None, help="External engine template, e.g. 'vllm serve {model} --port {port} --max-num-seqs {max_num_seqs}'."
+    ),
     repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
 ) -> None:
@@ -91,8 +101,14 @@ def tune(
             raise ValueError("give --concurrency or --request-rate, not both")
         mode = "rate" if request_rate is not None else "concurrency"
         load = request_rate if request_rate is not None else (concurrency or (1 if objective == "max-load" else 8))
-        spec = ObjectiveSpec(kind=objective, attainment=attainment, load_mode=mode, load=load, min_load=load,
-                             max_load=max(max_load, load))
+        spec = ObjectiveSpec(
+            kind=objective,
+            attainment=attainment,
+            load_mode=mode,
+            load=load,
+            min_load=load,
+            max_load=max(max_load, load),
+        )
         model_max_len = None if launch_command else _model_max_len(model)
         longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1))
@@ -102,23 +118,45 @@ def tune(
         raise typer.Exit(2) from err
     for note in search_space.notes:
         console.print(f"[yellow]space:[/yellow] {note}")
-    console.print(f"searching {', '.join(search_space.names)}"
-                  + (f"; pinned {json.dumps(search_space.fixed)}" if search_space.fixed else ""))
+    console.print(
+        f"searching {', '.join(search_space.names)}"
+        + (f"; pinned {json.dumps(search_space.fixed)}" if search_space.fixed else "")
+    )
 
     output_dir.mkdir(parents=True, exist_ok=True)
     url = storage_url(storage, output_dir)
     name = study_name or default_study_name(model, workload, objective)
-    trial_workload = TrialWorkload(model=model, workload=workload, input_len=input_len, output_len=output_len,
-                                   num_prompts=num_prompts, num_warmups=num_warmups, endpoint=endpoint, seed=seed,
-                                   tokenizer=tokenizer, slo=slo_ms, load_mode=mode)
-    info = {"model": model, "workload": workload, "slo": slo_ms, "attainment": attainment, "objective": objective,
-            "load_mode": mode, "load": load, "launch_command": launch_command or "", "repeats": repeats}
+    trial_workload = TrialWorkload(
+        model=model,
+        workload=workload,
+        input_len=input_len,
+        output_len=output_len,
+        num_prompts=num_prompts,
+        num_warmups=num_warmups,
+        endpoint=endpoint,
+        seed=seed,
+        tokenizer=tokenizer,
+        slo=slo_ms,
+        load_mode=mode,
+    )
+    info = {
+        "model": model,
+        "workload": workload,
+        "slo": slo_ms,
+        "attainment": attainment,
+        "objective": objective,
+        "load_mode": mode,
+        "load": load,
+        "launch_command": launch_command or "",
+        "repeats": repeats,
+    }
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(url, name, spec, seed, info)
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
-    tune_objective = TuneObjective(search_space, spec, backend, output_dir, repeats=repeats,
-                                   model_max_len=model_max_len)
+    tune_objective = TuneObjective(
+        search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len
+    )
     console.print(f"study [bold]{name}[/bold] in {url}")
     aborted: TuneAborted | None = None
     try:

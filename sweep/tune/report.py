@@ -31,11 +31,14 @@ def _png(plot: Callable[[], Any]) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = plot()
-    if hasattr(result, "flat"):  # an array of Axes (slice plots)
+    panels = 1
+    if hasattr(result, "flat"):  # an array of Axes (slice plots): one panel per parameter
+        panels = len(result.flat)
         result = result.flat[0]
     figure = result.figure if hasattr(result, "figure") else result
-    figure.set_size_inches(9, 5)
-    figure.tight_layout()
+    figure.set_size_inches(max(9.0, 4.0 * panels + 1.5), 5)
+    if panels == 1:  # slice plots place their shared colour bar themselves; tight_layout would overlap it
+        figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     plt.close(figure)
@@ -62,14 +65,30 @@ def plots(study: optuna.Study) -> str:
     else:
         sections.append(_section("Pareto front", lambda: ovm.plot_pareto_front(study, target_names=names)))
         for i, name in enumerate(names):
+
             def target(t: FrozenTrial, i: int = i) -> float:
                 return t.values[i]
-            sections.append(_section(f"Optimisation history: {name}", lambda target=target, name=name:
-                                     ovm.plot_optimization_history(study, target=target, target_name=name)))
-            sections.append(_section(f"Parameter importances: {name}", lambda target=target, name=name:
-                                     ovm.plot_param_importances(study, target=target, target_name=name)))
-        sections.append(_section(f"Slice plots: {names[0]}", lambda: ovm.plot_slice(
-            study, target=lambda t: t.values[0], target_name=names[0])))
+
+            sections.append(
+                _section(
+                    f"Optimisation history: {name}",
+                    lambda target=target, name=name: ovm.plot_optimization_history(
+                        study, target=target, target_name=name
+                    ),
+                )
+            )
+            sections.append(
+                _section(
+                    f"Parameter importances: {name}",
+                    lambda target=target, name=name: ovm.plot_param_importances(study, target=target, target_name=name),
+                )
+            )
+        sections.append(
+            _section(
+                f"Slice plots: {names[0]}",
+                lambda: ovm.plot_slice(study, target=lambda t: t.values[0], target_name=names[0]),
+            )
+        )
     return "".join(sections)
 
 
@@ -78,8 +97,13 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
     css = "infeasible" if status == "infeasible" else "pruned" if trial.state == TrialState.PRUNED else ""
     values = ", ".join(f"{v:.4g}" for v in trial.values) if trial.values else ""
     spread = trial.user_attrs.get("spread")
-    cells = [str(trial.number), trial.state.name, status, values,
-             ", ".join(f"{s:.3g}" for s in spread) if spread else ""]
+    cells = [
+        str(trial.number),
+        trial.state.name,
+        status,
+        values,
+        ", ".join(f"{s:.3g}" for s in spread) if spread else "",
+    ]
     cells += [str(trial.params.get(p, "")) for p in param_names]
     cells += [trial.user_attrs.get("error") or "", trial.user_attrs.get("run_dir", "")]
     row = "".join(f"<td>{html.escape(c[-300:])}</td>" for c in cells)
@@ -104,8 +128,10 @@ def best_section(study: optuna.Study, commands: list[dict[str, Any]]) -> str:
         if best.get("launch_command"):
             parts.append(f"<pre>{html.escape(best['launch_command'])}</pre>")
         if best.get("sweep_report"):
-            parts.append(f'<p>Sweep report: <a href="{html.escape(best["sweep_report"])}">'
-                         f'{html.escape(best["sweep_report"])}</a></p>')
+            parts.append(
+                f'<p>Sweep report: <a href="{html.escape(best["sweep_report"])}">'
+                f"{html.escape(best['sweep_report'])}</a></p>"
+            )
         parts.append(f"<p>Run directory: <code>{html.escape(best.get('run_dir') or '')}</code></p>")
     return "".join(parts)
 
@@ -125,15 +151,16 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
     trials = study.get_trials(deepcopy=False)
     counts = {s.name: sum(t.state == s for t in trials) for s in TrialState if any(t.state == s for t in trials)}
     infeasible = sum(t.state == TrialState.COMPLETE and not feasible(t) for t in trials)
-    info = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in study.user_attrs.items())
+    info = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in study.user_attrs.items()
+    )
     title = f"bench tune: {html.escape(study.study_name)}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
 <style>{STYLE}</style></head><body>
 <h1>{title}</h1>
 <table>{info}<tr><th>trials</th><td>{html.escape(json.dumps(counts))}, infeasible: {infeasible}</td></tr>
-<tr><th>objectives</th><td>{html.escape(', '.join(study.metric_names or []))}</td></tr></table>
-<h2>Best configuration{'s (Pareto front)' if len(best_trials(study)) > 1 else ''}</h2>
+<tr><th>objectives</th><td>{html.escape(", ".join(study.metric_names or []))}</td></tr></table>
+<h2>Best configuration{"s (Pareto front)" if len(best_trials(study)) > 1 else ""}</h2>
 {best_section(study, commands)}
 {plots(study)}
 <h2>Trials</h2>

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from tune_fakes import FakeBackend
+
+from sweep.tune.commands import best_commands
+from sweep.tune.objective import ObjectiveSpec
+from sweep.tune.report import write_report
+from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
+from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
+
+DEVICE = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=100)
+
+
+def run(tmp_path: Path, kind: str) -> tuple[Path, list[dict]]:
+    space = build_space(DEVICE)
+    spec = ObjectiveSpec(kind=kind, max_load=16, load=4)
+    study = open_study(storage_url(None, tmp_path), kind, spec, seed=0, info={"model": "fake"})
+    backend = FakeBackend(lambda k: k["max_num_seqs"], cannot_start=lambda k: k["block_size"] == 32)
+    run_study(study, TuneObjective(space, spec, backend, tmp_path, model_max_len=2048), 8, None, show_progress=False)
+    best = best_commands(study, "tiny-random", "vllm serve {model} --port {port} {knob_flags}")
+    return write_report(study, tmp_path, best), best
+
+
+def test_single_objective_report_has_history_importances_slices_and_the_best_command(tmp_path: Path) -> None:
+    path, best = run(tmp_path, "max-load")
+    page = path.read_text()
+    for title in ("Optimisation history", "Parameter importances", "Slice plots", "Trials"):
+        assert f"<h2>{title}</h2>" in page
+    assert page.count("data:image/png;base64,") == 3
+    assert len(best) == 1 and best[0]["serve_command"].startswith("bench serve tiny-random ")
+    assert best[0]["launch_command"].startswith("vllm serve tiny-random --port 8000 --")
+    assert best[0]["serve_command"] in page.replace("&#x27;", "'")
+
+
+def test_pareto_report_has_the_front(tmp_path: Path) -> None:
+    path, best = run(tmp_path, "pareto")
+    page = path.read_text()
+    assert "<h2>Pareto front</h2>" in page and "Not available" not in page.split("<h2>Pareto front</h2>")[1][:200]
+    assert best and len({str(b["knobs"]) for b in best}) == len(best)
