@@ -103,3 +103,18 @@ def test_abort_frees_the_request(llm: LLM) -> None:
     while engine.has_unfinished_requests():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished == ["keep"] and engine.get_stats().kv_cache_usage == 0.0
+
+
+def test_the_models_other_eos_ids_act_as_stop_token_ids(llm: LLM) -> None:
+    core = llm.llm_engine.engine_core
+    saved = core.eos_token_ids
+    core.eos_token_ids = [saved[0], 7]  # as if generation_config listed a second EOS id
+    try:
+        llm.llm_engine.add_request("eos", "Hello", SamplingParams(max_tokens=2, stop_token_ids=[9]))
+        llm.llm_engine.add_request("ignore", "Hello", SamplingParams(max_tokens=2, ignore_eos=True))
+        requests = core.scheduler.requests
+        assert requests["eos"].sampling_params.stop_token_ids == [9, 7]
+        assert requests["ignore"].sampling_params.stop_token_ids == []
+    finally:
+        llm.llm_engine.abort_request(["eos", "ignore"])
+        core.eos_token_ids = saved
