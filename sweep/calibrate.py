@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -71,36 +72,52 @@ def ramp_offsets(n: int, concurrency: int, ramp_s: float) -> list[float]:
 
 async def _closed_loop(
     client: ClientConfig, concurrency: int, n: int, output_len: int, ramp_s: float
-) -> tuple[list, float]:
+) -> tuple[list, float, float]:
     async with make_session() as session:
         warm = _prompts(concurrency, 2)  # one wave to open every keep-alive connection
         await dispatch(session, client, warm, [0.0] * len(warm), time.perf_counter(), concurrency, None)
         prompts = _prompts(n, output_len)
         t0 = time.perf_counter() + 0.05
+        cpu_start = time.process_time()
         records = await dispatch(session, client, prompts, ramp_offsets(n, concurrency, ramp_s), t0, concurrency, None)
-    return records, t0
+        cpu_s = time.process_time() - cpu_start
+    return records, t0, cpu_s
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of another process (Linux /proc), None where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def measure(
     client: ClientConfig, concurrency: int, n: int, output_len: int, procs: int, ramp_s: float = 0.0
-) -> tuple[list, float]:
-    """Closed-loop records at `concurrency` and the point's duration, over 1 or `procs` client processes."""
+) -> tuple[list, float, float]:
+    """Closed-loop records at `concurrency`, the point's duration and the client's CPU seconds (all processes)."""
     if procs == 1:
-        records, t0 = asyncio.run(_closed_loop(client, concurrency, n, output_len, ramp_s))
+        records, t0, cpu_s = asyncio.run(_closed_loop(client, concurrency, n, output_len, ramp_s))
         duration = max(r.end_time for r in records) - t0
     else:
         from sweep.multiproc import run_point_sharded
 
         spec = PointSpec(label="calibrate", mode="concurrency", concurrency=concurrency, num_prompts=n)
         warm = _prompts(concurrency, 2)
-        records, _, duration, _ = run_point_sharded(
+        records, _, duration, extras = run_point_sharded(
             client, spec, _prompts(n, output_len), ramp_offsets(n, concurrency, ramp_s), warm, False, procs, None
         )
+        cpu_s = extras["client_cpu_s"]
     count_tokens(records, None, {})
-    return records, duration
+    return records, duration, cpu_s
 
 
-def summarize(records: list[RequestRecord], duration: float, ttft_ms: float, itl_ms: float) -> dict[str, Any]:
+def summarize(
+    records: list[RequestRecord], duration: float, ttft_ms: float, itl_ms: float, cpu_s: float, mock_cpu_s: float | None
+) -> dict[str, Any]:
+    """Errors against the programmed timing, and where the CPU went: `client_cpu_cores` near the number of client
+    processes means the client is the bottleneck; well below it (with a low chunk rate) means the machine is."""
     ok = [r for r in records if r.success]
     ttft_err = np.asarray([r.ttft for r in ok], dtype=float) * 1000 - ttft_ms
     tpot_err = np.asarray([request_tpot(r) for r in ok], dtype=float) * 1000 - itl_ms
@@ -113,6 +130,9 @@ def summarize(records: list[RequestRecord], duration: float, ttft_ms: float, itl
         "tpot_error_p50_ms": float(np.median(tpot_err)) if ok else None,
         "tpot_error_p99_ms": float(np.percentile(tpot_err, 99)) if ok else None,
         "chunks_per_s": chunks / duration if duration > 0 else None,
+        "client_cpu_cores": cpu_s / duration if duration > 0 else None,
+        "mock_cpu_cores": mock_cpu_s / duration if duration > 0 and mock_cpu_s is not None else None,
+        "chunks_per_client_cpu_s": chunks / cpu_s if cpu_s > 0 else None,
     }
 
 
@@ -128,17 +148,21 @@ def run_calibration(config: CalibrateConfig, output_json: Path | None = None) ->
         for c in config.concurrencies:
             with console.status(f"concurrency {c}: {config.prompts_for(c)} requests"):
                 ramp_s = (config.ttft_ms + config.itl_ms) / 1000.0
-                records, duration = measure(
+                mock_cpu = process_cpu_s(mock.process.pid)  # type: ignore[union-attr]
+                records, duration, cpu_s = measure(
                     client, c, config.prompts_for(c), config.output_len, config.client_procs, ramp_s
                 )
-            report["timed"][c] = summarize(records, duration, config.ttft_ms, config.itl_ms)
+                mock_cpu = _delta(process_cpu_s(mock.process.pid), mock_cpu)  # type: ignore[union-attr]
+            report["timed"][c] = summarize(records, duration, config.ttft_ms, config.itl_ms, cpu_s, mock_cpu)
     if config.max_rate:
         c = max(config.concurrencies)
         with start_mock(0.0, 0.0, logs / "mock-max.log", config.mock_workers) as mock:
             client = ClientConfig(url=mock.url, model="mock", endpoint=config.endpoint)
             with console.status(f"maximum chunk rate at concurrency {c}"):
-                records, duration = measure(client, c, config.prompts_for(c), 256, config.client_procs)
-            report["max_rate"] = {"concurrency": c, **summarize(records, duration, 0.0, 0.0)}
+                mock_cpu = process_cpu_s(mock.process.pid)  # type: ignore[union-attr]
+                records, duration, cpu_s = measure(client, c, config.prompts_for(c), 256, config.client_procs)
+                mock_cpu = _delta(process_cpu_s(mock.process.pid), mock_cpu)  # type: ignore[union-attr]
+            report["max_rate"] = {"concurrency": c, **summarize(records, duration, 0.0, 0.0, cpu_s, mock_cpu)}
     table = Table(
         title=f"client calibration: TTFT {config.ttft_ms} ms, gap {config.itl_ms} ms, procs {config.client_procs}"
     )
@@ -151,6 +175,8 @@ def run_calibration(config: CalibrateConfig, output_json: Path | None = None) ->
         "TPOT err p50",
         "TPOT err p99",
         "chunks/s",
+        "client CPU",
+        "chunks/CPU-s",
     ):
         table.add_column(column, justify="right")
     for c, s in report["timed"].items():
@@ -160,18 +186,26 @@ def run_calibration(config: CalibrateConfig, output_json: Path | None = None) ->
             str(s["failed"]),
             *(f"{s[k]:.2f}" if s[k] is not None else "-" for k in _ERROR_KEYS),
             f"{s['chunks_per_s']:.0f}",
+            f"{s['client_cpu_cores']:.2f}",
+            f"{s['chunks_per_client_cpu_s']:.0f}",
         )
     console.print(table)
     if report["max_rate"]:
+        m = report["max_rate"]
         console.print(
-            f"maximum streamed chunks/s at concurrency {report['max_rate']['concurrency']} "
-            f"(zero gap): {report['max_rate']['chunks_per_s']:.0f}"
+            f"maximum streamed chunks/s at concurrency {m['concurrency']} (zero gap): {m['chunks_per_s']:.0f} "
+            f"with {m['client_cpu_cores']:.2f} client CPU cores busy ({m['chunks_per_client_cpu_s']:.0f} chunks per "
+            f"client CPU-second; mock {m['mock_cpu_cores'] or 0:.2f} cores)"
         )
     console.print(f"[dim]mock logs: {logs}[/dim]")
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(report, indent=2))
     return report
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 _ERROR_KEYS = ("ttft_error_p50_ms", "ttft_error_p99_ms", "tpot_error_p50_ms", "tpot_error_p99_ms")

@@ -41,12 +41,14 @@ def _child(
         with counter.get_lock():
             counter.value += 1
 
-    async def main() -> list[RequestRecord]:
+    async def main() -> tuple[list[RequestRecord], float]:
         async with make_session() as session:
             conn.send("ready")
             t0 = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
             stop_at = t0 + duration if duration is not None else None
-            return await dispatch(session, client, prompts, offsets, t0, concurrency, stop_at, advance)
+            cpu_start = time.process_time()
+            records = await dispatch(session, client, prompts, offsets, t0, concurrency, stop_at, advance)
+            return records, time.process_time() - cpu_start
 
     try:
         conn.send(("records", asyncio.run(main())))
@@ -96,6 +98,7 @@ def run_point_sharded(
         for pipe in pipes:
             pipe.send(t0)
         records: list[RequestRecord] = []
+        cpu_s = 0.0
         pending = dict(enumerate(pipes))
         seen = 0
         while pending:
@@ -104,7 +107,8 @@ def run_point_sharded(
                     kind, payload = pipe.recv()
                     if kind == "error":
                         raise RuntimeError(f"client process {k} failed: {payload}")
-                    records += payload
+                    records += payload[0]
+                    cpu_s += payload[1]
                     del pending[k]
             if on_done is not None:
                 while seen < counter.value:
@@ -117,6 +121,7 @@ def run_point_sharded(
                 worker.kill()
     end = max((r.end_time or r.send_time for r in records), default=t0)
     extras["client_procs"] = procs
+    extras["client_cpu_s"] = cpu_s  # CPU the client processes spent while the point ran
     return records, t0, end - t0, extras
 
 

@@ -216,7 +216,9 @@ async def _run_point_async(
             extras["warmup_failed"] = sum(not r.success for r in warm)
         t0 = time.perf_counter() + START_DELAY_S
         stop_at = t0 + spec.duration if spec.duration is not None else None
+        cpu_start = time.process_time()
         records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
+        extras["client_cpu_s"] = time.process_time() - cpu_start
     end = max((r.end_time or r.send_time for r in records), default=t0)
     return records, t0, end - t0, extras
 

@@ -32,7 +32,7 @@ def test_measured_ttft_and_tpot_match_programmed(mock: ServerProcess, concurrenc
     errors = []
     for _ in range(ATTEMPTS):
         # the first wave ramps up over one TTFT + gap so the streams do not all emit in phase (see calibrate)
-        records, _ = measure(client, concurrency, num_prompts, output_len=16, procs=1, ramp_s=0.06)
+        records, _, _ = measure(client, concurrency, num_prompts, output_len=16, procs=1, ramp_s=0.06)
         assert all(r.success for r in records) and len(records) == num_prompts
         ttft_error = abs(np.median([r.ttft for r in records]) * 1000 - TTFT_MS)
         tpot_error = abs(np.median([request_tpot(r) for r in records]) * 1000 - ITL_MS)
