@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,10 @@ class Server:
         self.config = config
         self.metrics = metrics
         self.model_name = config.served_model_name or engine.info.model
-        self.completions = OpenAIServingCompletion(engine, tokenizer, self.model_name)
-        self.chat = OpenAIServingChat(engine, tokenizer, self.model_name)
+        # One worker shared by all endpoints: an HF tokenizer is not safe to use from two threads at once.
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-tokenizer")
+        self.completions = OpenAIServingCompletion(engine, tokenizer, self.model_name, executor)
+        self.chat = OpenAIServingChat(engine, tokenizer, self.model_name, executor)
         self.tokenizer = tokenizer
         self.created = int(time.time())
         self.shutting_down = False

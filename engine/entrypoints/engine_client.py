@@ -125,10 +125,6 @@ class EngineClient:
         self._thread = threading.Thread(target=self._read_outputs, name="servelab-engine-outputs", daemon=True)
         self._thread.start()
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the engine process; kill it if it does not exit in time (it ignores SIGTERM), so nothing outlives
         the server."""
@@ -148,10 +144,6 @@ class EngineClient:
         self._output.close()
 
     # ------------------------------------------------------------------------------------------- requests
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
 
     def add_request(self, request: Request, api_arrival: float) -> RequestStream:
         if self.dead:

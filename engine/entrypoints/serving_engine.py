@@ -44,15 +44,15 @@ class Delta:
 
 
 class OpenAIServing:
-    def __init__(self, engine: EngineClient, tokenizer: Any, served_model_name: str) -> None:
+    def __init__(
+        self, engine: EngineClient, tokenizer: Any, served_model_name: str, executor: ThreadPoolExecutor
+    ) -> None:
         assert engine.info is not None, "start the engine before serving"
         self.engine = engine
         self.info = engine.info
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
-        # One worker: HF tokenizers are not safe to share across threads, and one long prompt's tokenisation
-        # must not run on the event loop.
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-tokenizer")
+        self.executor = executor  # tokenisation and chat templates run here, off the event loop
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
