@@ -46,6 +46,8 @@ def serve(
     if model_tag is not None and model is not None and model_tag != model:
         raise typer.BadParameter(f"the positional model {model_tag!r} and --model {model!r} differ; give one")
     model = model_tag or model or "smollm2-135m"
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise typer.BadParameter(f"--log-level must be debug, info, warning or error, got {log_level!r}")
     knobs: dict[str, Any] = {
         "model": model, "tokenizer": tokenizer, "dtype": dtype, "device": device, "max_model_len": max_model_len,
         "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
