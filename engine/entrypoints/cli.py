@@ -67,7 +67,6 @@ def serve(
 
 
 def _fail(message: str) -> int:
-    logger.error(message)
     print(f"bench serve: error: {message}", file=sys.stderr, flush=True)
     return 1
 
