@@ -41,6 +41,8 @@ class EngineCore:
                 f"request {request.request_id!r}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
         params = request.sampling_params
+        if params.seed is not None and not -(2**63) <= params.seed < 2**64:
+            raise ValueError(f"request {request.request_id!r}: seed must fit in 64 bits, got {params.seed}")
         extra_eos = [t for t in self.eos_token_ids if t != request.eos_token_id and t not in params.stop_token_ids]
         if extra_eos and request.eos_token_id in self.eos_token_ids and not params.ignore_eos:
             # As vLLM: the model's other EOS ids (generation_config) act as stop token ids.

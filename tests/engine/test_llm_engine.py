@@ -83,6 +83,8 @@ def test_bad_prompts_raise_clearly_and_leave_the_engine_clean(llm: LLM) -> None:
         llm.generate(["fine", {"prompt_token_ids": list(range(10, 140))}], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate({"prompt_token_ids": [10**9]}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="seed must fit in 64 bits"):
+        llm.generate("x", SamplingParams(seed=2**70), use_tqdm=False)
     with pytest.raises(TypeError, match="prompt_token_ids"):
         llm.generate([{"text": "no"}], GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="2 sampling_params for 1 prompts"):
