@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ def tune(
     slo: str = typer.Option(..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
     attainment: float = typer.Option(0.9, help="Fraction of requests that must meet the SLO."),
     objective: str = typer.Option("max-load", help="max-load | goodput | pareto."),
-    n_trials: int = typer.Option(20, help="Finished trials the study should hold (all workers together)."),
+    n_trials: int | None = typer.Option(None, help="Finished trials the study should hold, all workers together "
+                                        "(default 20; with --grid, the grid's size)."),
     timeout: float | None = typer.Option(None, help="Stop starting trials after this many seconds."),
     storage: str | None = typer.Option(None, help="Optuna RDB URL (postgresql://...); default SQLite in --output-dir."),
     study_name: str | None = typer.Option(None, help="Study name; default derived from model, workload, objective."),
@@ -77,6 +79,8 @@ def tune(
     ),
     repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
+    grid: bool = typer.Option(False, help="Measure every combination of the space once (Optuna GridSampler) "
+                              "instead of TPE; --n-trials defaults to the grid's size."),
 ) -> None:
     """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
     import logging
@@ -93,6 +97,8 @@ def tune(
     from sweep.tune.study import TuneAborted, TuneObjective, open_study, run_study, storage_url
 
     console = Console()
+    n_trials_given = n_trials is not None
+    n_trials = n_trials if n_trials is not None else 20
     try:
         slo_ms = parse_slo(slo)
         if not slo_ms:
@@ -113,6 +119,8 @@ def tune(
         longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1))
         search_space = build_space(device, space)
+        if grid:
+            search_space.grid()  # every knob needs a finite list of values
     except (ValueError, SpaceError) as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
@@ -152,7 +160,12 @@ def tune(
     }
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    study = open_study(url, name, spec, seed, info)
+    grid_values = search_space.grid() if grid else None
+    if grid_values:
+        size = math.prod(len(v) for v in grid_values.values())
+        n_trials = min(n_trials, size) if n_trials_given else size
+        console.print(f"grid: {size} combinations")
+    study = open_study(url, name, spec, seed, info, grid=grid_values)
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
     tune_objective = TuneObjective(
         search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len
@@ -185,5 +198,58 @@ def tune(
         raise typer.Exit(1)
 
 
+def tune_efficiency(
+    grid_file: Path = typer.Argument(..., help="Grid fixture JSON (written here first with --from-storage)."),
+    from_storage: str | None = typer.Option(None, help="Export a finished `bench tune --grid` study from this "
+                                            "storage URL into GRID_FILE first."),
+    study_name: str | None = typer.Option(None, help="The grid study's name (default: the storage's only study)."),
+    seeds: int = typer.Option(30, help="Replays per sampler."),
+    tolerance: float = typer.Option(0.05, help="'Near-best': within this fraction of the grid's best value."),
+    budget: int | None = typer.Option(None, help="Most trials per replay (default: 2 x the grid's size)."),
+    output_json: Path | None = typer.Option(None, help="Also write the per-seed counts here."),
+) -> None:
+    """Replay a measured grid: how many trials TPE and random search need to come within 5 % of its best."""
+    import optuna
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from sweep.tune.replay import SAMPLERS, efficiency, export_grid, grid_best, load_grid
+
+    console = Console()
+    try:
+        if from_storage:
+            names = optuna.get_all_study_names(from_storage)
+            name = study_name or (names[0] if len(names) == 1 else None)
+            if name is None:
+                raise ValueError(f"{from_storage} holds {len(names)} studies; pick one with --study-name: {names}")
+            grid_file.parent.mkdir(parents=True, exist_ok=True)
+            grid_file.write_text(json.dumps(export_grid(optuna.load_study(study_name=name, storage=from_storage)),
+                                            indent=1, default=str))
+            console.print(f"wrote {grid_file}")
+        grid = load_grid(grid_file)
+        best = grid_best(grid)
+    except (ValueError, OSError, KeyError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    size = len(grid["trials"])
+    budget = budget or 2 * size
+    feasible_count = sum(e["feasible"] for e in grid["trials"])
+    console.print(f"grid: {size} configurations ({feasible_count} feasible), best {grid['metric']} = {best:.4g}; "
+                  f"target within {tolerance:.0%}; {seeds} seeds; budget {budget} trials")
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("replaying", total=seeds * len(SAMPLERS))
+        results = efficiency(grid, seeds, tolerance, budget, progress=lambda: progress.advance(task))
+    table = Table("sampler", "reached", "median trials", "mean (reached)", "p90 trials")
+    for name, r in results.items():
+        mean = f"{r['mean_reached']:.1f}" if r["mean_reached"] is not None else "-"
+        table.add_row(name, f"{r['reached']}/{seeds}", f"{r['median']:g}", mean, f"{r['p90']:g}")
+    console.print(table)
+    if output_json:
+        output_json.write_text(json.dumps({"grid": str(grid_file), "tolerance": tolerance, "budget": budget,
+                                           "results": results}, indent=1))
+
+
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
+    app.command("tune-efficiency")(tune_efficiency)

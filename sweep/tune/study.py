@@ -87,12 +87,18 @@ def open_storage(url: str, attempts: int = 5) -> RDBStorage:
     raise AssertionError("unreachable")
 
 
-def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: dict[str, Any]) -> optuna.Study:
-    """Create the study, or load it when it exists (the same command resumes it)."""
+def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: dict[str, Any],
+               grid: dict[str, list[Any]] | None = None) -> optuna.Study:
+    """Create the study, or load it when it exists (the same command resumes it).
+
+    TPE by default; with `grid`, Optuna's GridSampler measures every combination once (vLLM auto_tune's grid).
+    """
     storage = open_storage(url)
     # One SQLite worker is reproducible from the seed; workers sharing a server need distinct seeds.
     sampler_seed = seed if url.startswith("sqlite") else seed + os.getpid()
-    sampler = optuna.samplers.TPESampler(seed=sampler_seed)
+    sampler: optuna.samplers.BaseSampler = (
+        optuna.samplers.GridSampler(grid, seed=sampler_seed) if grid else optuna.samplers.TPESampler(seed=sampler_seed)
+    )
     # Max-load reports the largest passing load after each point: 0 after the first level means the config misses
     # the SLO even at the lowest load, so it stops there. Pruners are single-objective only.
     pruner: optuna.pruners.BasePruner = (
@@ -169,11 +175,17 @@ class TuneObjective:
         self.space, self.spec, self.backend = space, spec, backend
         self.output_dir, self.repeats, self.model_max_len = output_dir, repeats, model_max_len
 
+    def _constrain(self, trial: optuna.Trial, started: bool, slo_violation: float) -> None:
+        """Soft constraints (feasible iff all <= 0). `slo` only for max-load, where a value of 0 means the SLO is
+        missed at every load; goodput already counts SLO misses, so a goodput trial is feasible once it starts."""
+        trial.set_constraint("starts", -1.0 if started else 1.0)
+        if self.spec.kind == "max-load":
+            trial.set_constraint("slo", slo_violation)
+
     def _infeasible(self, trial: optuna.Trial, reason: str) -> list[float]:
         trial.set_user_attr("status", "infeasible")
         trial.set_user_attr("error", reason[-4000:])
-        trial.set_constraint("starts", 1.0)
-        trial.set_constraint("slo", self.spec.attainment)
+        self._constrain(trial, started=False, slo_violation=self.spec.attainment)
         return self.spec.infeasible_values()
 
     def _on_point(self, trial: optuna.Trial, repeat: int) -> Callable[[int, float, dict[str, Any]], None]:
@@ -183,8 +195,7 @@ class TuneObjective:
                 trial.report(best_passing, step)
                 if trial.should_prune():
                     trial.set_user_attr("status", "pruned")
-                    trial.set_constraint("starts", -1.0)
-                    trial.set_constraint("slo", self.spec.attainment)
+                    self._constrain(trial, started=True, slo_violation=self.spec.attainment)
                     raise optuna.TrialPruned(f"no load level met the SLO at attainment {self.spec.attainment}")
         return on_point
 
@@ -223,8 +234,9 @@ class TuneObjective:
             trial.set_user_attr("metrics", {k: v for k, v in decisive.items() if _is_scalar(v)})
         if evaluations[0].bracket is not None:
             trial.set_user_attr("bracket", list(evaluations[0].bracket))
-        trial.set_constraint("starts", -1.0)
-        trial.set_constraint("slo", max(attainment_violation(self.spec, e) for e in evaluations))
+        violation = max(attainment_violation(self.spec, e) for e in evaluations)
+        trial.set_user_attr("attainment_shortfall", violation)
+        self._constrain(trial, started=True, slo_violation=violation)
         return values
 
 
