@@ -100,6 +100,10 @@ def sweep(
     output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
     client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
+    ignore_eos: bool = typer.Option(
+        True, "--ignore-eos/--no-ignore-eos", help="Run outputs to the workload's lengths."
+    ),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (default: the server's)."),
     report: bool = typer.Option(
         True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
     ),
@@ -158,6 +162,8 @@ def sweep(
             attainment=attainment,
             resume=resume,
             client_procs=client_procs,
+            ignore_eos=ignore_eos,
+            temperature=temperature,
         )
         run_dir = run_sweep(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:

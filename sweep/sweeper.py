@@ -39,6 +39,8 @@ class SweepConfig:
     model: str = "smollm2-135m"
     tokenizer: str | None = None  # default: the model
     api_key: str | None = None
+    ignore_eos: bool = True
+    temperature: float | None = None
     engine_knobs: dict[str, Any] = field(default_factory=dict)
     launch_template: str | None = None  # an external server's command template (see launcher.py)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -74,8 +76,8 @@ class SweepConfig:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
         if self.num_prompts is None and self.duration is None:
             self.num_prompts = 200
-        if any(not 0 < p < 100 for p in self.percentiles):
-            raise ValueError(f"percentiles must be in (0, 100), got {self.percentiles}")
+        if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):
+            raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
 
     def label(self, value: float) -> str:
         return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
@@ -167,7 +169,14 @@ class Sweeper:
             url = self.server.url
             self.writer.config["target"]["url"] = url
             results.write_atomic(cfg.output_dir / results.CONFIG, results._dumps(self.writer.config))
-        self.client = ClientConfig(url=url, model=cfg.model, endpoint=cfg.workload.endpoint, api_key=cfg.api_key)
+        self.client = ClientConfig(
+            url=url,
+            model=cfg.model,
+            endpoint=cfg.workload.endpoint,
+            api_key=cfg.api_key,
+            ignore_eos=cfg.ignore_eos,
+            temperature=cfg.temperature,
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,6 +209,8 @@ class Sweeper:
                 "max_load_under_slo": cfg.max_load_under_slo,
                 "attainment": cfg.attainment,
                 "client_procs": cfg.client_procs,
+                "ignore_eos": cfg.ignore_eos,
+                "temperature": cfg.temperature,
             },
             "slo": cfg.slo,
             "percentiles": cfg.percentiles,
@@ -210,6 +221,10 @@ class Sweeper:
 
     def point_spec(self, value: float) -> PointSpec:
         cfg = self.config
+        if cfg.mode == "rate":
+            value = round(value, 2)  # the label's precision: a label always names exactly one rate
+            if value <= 0:
+                raise ValueError("request rates below 0.01 req/s are not supported")
         concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
         return PointSpec(
             label=cfg.label(value),
