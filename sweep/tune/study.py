@@ -229,7 +229,8 @@ class TuneObjective:
         trial.set_user_attr("status", "ok")
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])
         trial.set_user_attr("spread", spreads)
-        decisive = _decisive_point(self.spec, evaluations[len(evaluations) // 2])
+        median_run = min(evaluations, key=lambda e: abs(e.values[0] - values[0]))  # the repeat the value stands for
+        decisive = _decisive_point(self.spec, median_run)
         if decisive is not None:
             trial.set_user_attr("metrics", {k: v for k, v in decisive.items() if _is_scalar(v)})
         if evaluations[0].bracket is not None:
