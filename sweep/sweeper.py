@@ -122,6 +122,12 @@ def client_fidelity(run: PointRun) -> dict[str, Any]:
         diffs = [abs(r.client_output_tokens - r.usage_output_tokens) / r.usage_output_tokens for r in with_both]
         out["output_token_discrepancy_mean"] = float(np.mean(diffs))
         out["output_token_discrepancy_over_10pct"] = sum(d > 0.1 for d in diffs)
+    counted = [r for r in ok if not r.usage_output_tokens and r.client_output_tokens]
+    if counted:  # no usage: chunks were counted as one token each; re-tokenising says how far off that is
+        out["chunks_vs_retokenized_mismatch"] = sum(sum(r.chunk_tokens) != r.client_output_tokens for r in counted)
+        out["retokenized_tokens_per_chunk_mean"] = float(
+            sum(r.client_output_tokens for r in counted) / max(1, sum(len(r.chunk_times) for r in counted))
+        )
     streamed = [r for r in ok if r.usage_output_tokens]
     if streamed:
         out["chunk_token_sum_mismatch"] = sum(sum(r.chunk_tokens) != r.usage_output_tokens for r in streamed)

@@ -153,3 +153,24 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
             sweeper.measure(4)
     assert [p.name for p in (tmp_path / "run" / "points").iterdir()] == ["c0001.json"]
     assert "sweep.mock_server" in (tmp_path / "run" / "server.log").read_text()
+
+
+def test_client_fidelity_audits_token_counts() -> None:
+    from sweep.client import RequestRecord
+    from sweep.runner import PointRun, PointSpec
+    from sweep.sweeper import client_fidelity
+
+    def rec(index: int, chunks: list[int], usage: int | None, retokenized: int) -> RequestRecord:
+        r = RequestRecord(index, 4, sum(chunks), intended_send_time=0.0, send_time=0.25, success=True)
+        r.chunk_times, r.chunk_tokens = [1.0 + i for i in range(len(chunks))], chunks
+        r.usage_output_tokens, r.client_output_tokens = usage, retokenized
+        return r
+
+    records = [rec(0, [1, 1, 1], 3, 3), rec(1, [2, 2], 4, 5), rec(2, [1, 1], None, 4)]
+    run = PointRun(PointSpec("c0001", "concurrency", 1, num_prompts=3), records, [], [], 0.0, 1.0)
+    out = client_fidelity(run)
+    assert out["usage_reported"] == 2 and out["output_token_discrepancy_over_10pct"] == 1  # 5 vs 4
+    assert out["output_token_discrepancy_mean"] == pytest.approx(0.125)
+    assert out["chunk_token_sum_mismatch"] == 0 and out["tokens_per_chunk_mean"] == pytest.approx(7 / 5)
+    assert out["chunks_vs_retokenized_mismatch"] == 1 and out["retokenized_tokens_per_chunk_mean"] == 2.0
+    assert out["send_lag"]["p50_ms"] == pytest.approx(250.0)
