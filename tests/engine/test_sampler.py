@@ -11,10 +11,12 @@ from engine.request import Request
 from engine.sampler import (
     Sampler,
     SamplingMetadata,
+    _top_k_top_p_candidates,
     apply_min_p,
     apply_penalties,
     apply_token_bitmask,
     apply_top_k_top_p,
+    sample_categorical,
 )
 from engine.sampling_params import SamplingParams
 
@@ -55,6 +57,30 @@ def test_top_k_then_top_p() -> None:
     # top-k=3 renormalises to (2, 3, 4)/9; top_p=0.5 then keeps 4/9 and 3/9.
     out = apply_top_k_top_p(logits, torch.tensor([3]), torch.tensor([0.5]))
     assert torch.isfinite(out).tolist() == [[False, False, True, True]]
+
+
+def test_top_k_top_p_over_candidates_equals_the_full_sort() -> None:
+    torch.manual_seed(0)
+    vocab = 3000
+    scale = torch.tensor([[0.5], [1.0], [6.0], [8.0], [3.0], [8.0]])  # rows 0-1 nearly flat, 2-5 peaked
+    logits = torch.randn(6, vocab) * scale
+    cases = [
+        (torch.tensor([vocab, 20, 50, vocab, 5, vocab]), torch.tensor([1.0, 1.0, 0.5, 0.95, 0.7, 0.6])),
+        (None, torch.tensor([1.0, 1.0, 0.8, 0.9, 1.0, 0.5])),
+        (torch.tensor([1, 64, vocab, 7, vocab, 63]), None),
+        (torch.tensor([10, 30, vocab, vocab, vocab, 2]), torch.tensor([0.9, 0.3, 1.0, 0.8, 1.0, 0.99])),
+    ]
+    for top_k, top_p in cases:
+        assert _top_k_top_p_candidates(logits, top_k, top_p, 64) is not None  # the fast path really runs
+        full = apply_top_k_top_p(logits, top_k, top_p, num_candidates=vocab)
+        fast = apply_top_k_top_p(logits, top_k, top_p, num_candidates=64)
+        assert torch.equal(torch.isfinite(fast), torch.isfinite(full))
+        assert torch.equal(fast[torch.isfinite(fast)], logits[torch.isfinite(full)])
+    # A flat row with top_p=0.9 (or top_k=100) needs more than 64 candidates: the exact sort takes over.
+    flat_top_p = torch.tensor([0.9] + [1.0] * 5)
+    assert _top_k_top_p_candidates(logits, None, flat_top_p, 64) is None
+    assert _top_k_top_p_candidates(logits, torch.tensor([100] + [vocab] * 5), None, 64) is None
+    assert torch.isfinite(apply_top_k_top_p(logits, None, flat_top_p, 64))[0].sum() > 64
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_top_one() -> None:
@@ -125,6 +151,20 @@ def test_random_sampling_follows_the_tempered_distribution() -> None:
     requests = [make_request(str(i), temperature=2.0) for i in range(rows)]
     counts = torch.bincount(torch.tensor(sample(requests, logits)), minlength=4).float() / rows
     assert torch.allclose(counts, probs, atol=0.02)
+
+
+def test_two_level_inverse_cdf_is_exact_across_blocks_and_a_ragged_vocab() -> None:
+    vocab, rows = 600, 8000  # 600 = 2 full blocks of 256 + a padded one
+    chosen = torch.tensor([5, 100, 300, 599])
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    logits = torch.full((rows, vocab), NEG_INF)
+    logits[:, chosen] = probs.log()
+    sampled = sample_categorical(logits, torch.rand(rows, 2, generator=torch.Generator().manual_seed(3)))
+    counts = torch.bincount(sampled, minlength=vocab).float() / rows
+    assert counts.sum() == 1.0 and counts[chosen].sum() == 1.0  # zero-weight tokens never picked
+    assert torch.allclose(counts[chosen], probs, atol=0.025)
+    edges = torch.tensor([[0.0, 0.0], [0.999999, 0.999999]])
+    assert sample_categorical(logits[:2], edges).tolist() == [5, 599]
 
 
 def test_logprobs_sampled_token_then_top_n_from_raw_logits() -> None:
