@@ -71,6 +71,9 @@ class RunWriter:
         self.config = config
         (run_dir / POINTS).mkdir(parents=True, exist_ok=True)
 
+    def save_config(self) -> None:
+        write_atomic(self.run_dir / CONFIG, _dumps(self.config))
+
     def finished_labels(self) -> set[str]:
         return {p.stem for p in (self.run_dir / POINTS).glob("*.json")}
 
@@ -140,9 +143,14 @@ def _comparable(key: str, value: Any) -> Any:
 
 
 def open_run(run_dir: str | Path, config: dict[str, Any], resume: bool) -> RunWriter:
-    """Create a run directory, or with `resume` continue one whose config matches on RESUME_KEYS."""
+    """Create a run directory, or with `resume` continue one whose config matches on RESUME_KEYS.
+
+    A directory holding a config but no finished point (say, the engine failed to start) is started over."""
     run_dir = Path(run_dir)
     config_path = run_dir / CONFIG
+    if config_path.exists() and not resume and not RunWriter(run_dir, config).finished_labels():
+        _drop_unfinished_rows(run_dir, set())  # a run that never finished a point (a failed start) starts over
+        config_path.unlink()
     if config_path.exists():
         if not resume:
             raise FileExistsError(
@@ -162,7 +170,7 @@ def open_run(run_dir: str | Path, config: dict[str, Any], resume: bool) -> RunWr
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         writer = RunWriter(run_dir, config)
-    write_atomic(config_path, _dumps(config))
+    writer.save_config()
     return writer
 
 

@@ -7,12 +7,15 @@ walks the configured loads or runs the `--max-load-under-slo` search. The tuner 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 import os
 import platform
 import shlex
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +29,7 @@ from sweep import results
 from sweep.client import ClientConfig, RequestRecord
 from sweep.launcher import ServerProcess, launch
 from sweep.metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
-from sweep.runner import PointRun, PointSpec, WorkloadConfig, run_point
+from sweep.runner import PointRun, PointSpec, WorkloadConfig, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, max_load_under_slo
 
 
@@ -137,6 +140,21 @@ def client_fidelity(run: PointRun) -> dict[str, Any]:
     return out
 
 
+def check_reachable(url: str, api_key: str | None) -> None:
+    """GET {url}/models: an unreachable server or a rejected key fails before any file is written."""
+    request = urllib.request.Request(url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise RuntimeError(f"{url} rejected the API key (HTTP {e.code}); pass --api-key") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise RuntimeError(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None
+
+
 class Sweeper:
     def __init__(self, config: SweepConfig, console: Console | None = None) -> None:
         self.config = config
@@ -152,15 +170,15 @@ class Sweeper:
         cfg = self.config
         from engine.tokenizer import get_tokenizer
 
-        previous = cfg.output_dir / results.CONFIG
-        if cfg.resume and previous.exists():
-            import json
-
-            self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
-        run_config = self.run_config(url=cfg.url)
-        self.writer = results.open_run(cfg.output_dir, run_config, resume=cfg.resume)
         with self.console.status(f"loading tokenizer {cfg.tokenizer or cfg.model}"):
             self.tokenizer = get_tokenizer(cfg.tokenizer or cfg.model)
+        build_prompts(cfg.workload, self.tokenizer, 1, salt="check")  # a bad workload fails before any file exists
+        if cfg.url is not None:
+            check_reachable(cfg.url, cfg.api_key)
+        previous = cfg.output_dir / results.CONFIG
+        if cfg.resume and previous.exists():
+            self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
+        self.writer = results.open_run(cfg.output_dir, self.run_config(url=cfg.url), resume=cfg.resume)
         url = cfg.url
         if url is None:
             self.server = launch(
@@ -174,7 +192,7 @@ class Sweeper:
                 self.server.start()
             url = self.server.url
             self.writer.config["target"]["url"] = url
-            results.write_atomic(cfg.output_dir / results.CONFIG, results._dumps(self.writer.config))
+            self.writer.save_config()
         self.client = ClientConfig(
             url=url,
             model=cfg.model,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import sweep
+from sweep.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,22 @@ def test_bad_flags_fail_clearly(tmp_path: Path) -> None:
         str(tmp_path / "z"),
     )
     assert slo.returncode == 2 and "bad SLO item" in slo.stderr
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    down = bench(
+        "sweep",
+        "--url",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "m",
+        "--tokenizer",
+        "tiny-random",
+        "--concurrency",
+        "1",
+        "--output-dir",
+        str(tmp_path / "w"),
+    )
+    assert down.returncode == 2 and "cannot reach" in down.stderr
+    for name in "xyzw":
+        assert not (tmp_path / name).exists()  # nothing written for a run that could not start
 
 
 @pytest.mark.slow
