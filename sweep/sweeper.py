@@ -328,6 +328,8 @@ class Sweeper:
             **metrics,
         }
         point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
+        if run.fit_report is not None:  # --max-model-len changed the workload: say how
+            point["fidelity"]["fit"] = asdict(run.fit_report)
         return point
 
     def _workload_fidelity(self, run: PointRun) -> dict[str, Any]:

@@ -174,3 +174,11 @@ def test_client_fidelity_audits_token_counts() -> None:
     assert out["chunk_token_sum_mismatch"] == 0 and out["tokens_per_chunk_mean"] == pytest.approx(7 / 5)
     assert out["chunks_vs_retokenized_mismatch"] == 1 and out["retokenized_tokens_per_chunk_mean"] == 2.0
     assert out["send_lag"]["p50_ms"] == pytest.approx(250.0)
+
+
+def test_fit_report_lands_in_fidelity(mock: ServerProcess, tmp_path: Path) -> None:
+    workload = WorkloadConfig(workload="fixed", input_len=100, output_len=8, max_model_len=64, fit_policy="clip")
+    run_dir = run_sweep(config(mock, tmp_path / "fit", values=[2], workload=workload, num_prompts=4, num_warmups=0))
+    point = json.loads((run_dir / "points" / "c0002.json").read_text())
+    assert point["fidelity"]["fit"]["policy"] == "clip" and point["fidelity"]["fit"]["changed"] == 4
+    assert point["total_input_tokens"] + point["total_output_tokens"] <= 4 * 64  # every request fits the context
