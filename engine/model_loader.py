@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from engine.layers.linear import default_linear_method
 from engine.models import MODEL_REGISTRY, ArchConfig, LlamaForCausalLM
 from engine.tokenizer import ModelNotFoundError, cache_dir, get_tokenizer, smollm2_gguf_path
 
@@ -289,11 +290,17 @@ def load_hf_config(path: Path) -> dict[str, Any]:
     return json.loads((path / "config.json").read_text())
 
 
-def load_model(name: str, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ArchConfig, Path]:
-    """Build the native model for `name` on `device` in `dtype` and load its weights."""
+def load_model(
+    name: str, dtype: torch.dtype, device: torch.device, max_position: int | None = None
+) -> tuple[LlamaForCausalLM, ArchConfig, Path]:
+    """Build the native model for `name` on `device` in `dtype`, load its weights and prepare them.
+
+    `max_position` bounds the rotary tables (default: the model's max_position_embeddings).
+    """
     path = resolve_model(name)
     arch = ArchConfig.from_hf(load_hf_config(path))
     with torch.device(device):
-        model = MODEL_REGISTRY[arch.architecture](arch, dtype)
+        model = MODEL_REGISTRY[arch.architecture](arch, dtype, max_position, default_linear_method(device, dtype))
     model.load_weights(iter_safetensors(path))
+    model.process_weights_after_loading()
     return model.eval(), arch, path

@@ -25,8 +25,8 @@ import torch
 
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
-from engine.model_loader import iter_safetensors, load_hf_config, resolve_model
-from engine.models import MODEL_REGISTRY, ArchConfig
+from engine.model_loader import load_hf_config, load_model, resolve_model
+from engine.models import ArchConfig
 from engine.request import Request
 from engine.scheduler_output import SchedulerOutput
 
@@ -84,10 +84,7 @@ class ModelRunner:
         self.vocab_size = self.arch.vocab_size
         self.eos_token_ids = self._eos_token_ids()
         torch.manual_seed(mc.seed)
-        with torch.device(self.device):
-            self.model = MODEL_REGISTRY[self.arch.architecture](self.arch, self.dtype, max_position=self.max_model_len)
-        self.model.load_weights(iter_safetensors(self.model_path))
-        self.model.eval()
+        self.model, _, _ = load_model(str(self.model_path), self.dtype, self.device, max_position=self.max_model_len)
         arch = self.arch
         self.attn_backend = get_attention_backend(attention_backend)(
             arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim, arch.head_dim**-0.5, self.block_size

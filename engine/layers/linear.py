@@ -9,6 +9,7 @@ carries a `weight_loader` that copies the rank's shard of a checkpoint tensor in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +17,15 @@ from torch import nn
 
 
 class LinearMethodBase(ABC):
+    """How a linear layer stores its weight and computes x @ W^T (+ b). Stateless: state lives on the layer."""
+
     @abstractmethod
     def create_weights(self, layer: LinearBase, input_size: int, output_size: int, dtype: torch.dtype) -> None:
         """Register the layer's parameters for a local [output_size, input_size] weight."""
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        """Convert the loaded checkpoint weights into the format `apply` uses (default: keep them)."""
+        return None
 
     @abstractmethod
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
@@ -32,6 +39,52 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+
+def onednn_prepack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight reordered into oneDNN's blocked layout (CPU); pair with `onednn_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@lru_cache(maxsize=4)
+def onednn_linear_available(dtype: torch.dtype) -> bool:
+    """Whether this torch build runs prepacked oneDNN linears in `dtype` on the CPU, and agrees with F.linear."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 64, generator=generator).to(dtype)
+        w = torch.randn(48, 64, generator=generator).to(dtype)
+        y = onednn_linear(x, onednn_prepack(w), None)
+        return bool(torch.allclose(y.float(), F.linear(x, w).float(), atol=0.1, rtol=0.02))
+    except (RuntimeError, AttributeError):  # an op missing or unsupported in this build
+        return False
+
+
+class OneDNNLinearMethod(UnquantizedLinearMethod):
+    """Unquantized weights prepacked once for oneDNN (CPU).
+
+    On AMD CPUs torch's default float32 GEMM (MKL) runs well below the AVX-512 peak, and it re-packs the
+    weight on every call; a prepacked oneDNN linear is 2-3x faster at both decode (M ~ 32) and prefill
+    (M ~ 2048) shapes. Results are float32-accurate but not bitwise equal to F.linear (another summation order).
+    """
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        layer.packed_weight = onednn_prepack(layer.weight)
+        layer.weight.data = layer.weight.data.new_empty(0)  # the dense copy is no longer read
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return onednn_linear(x, layer.packed_weight, bias)
+
+
+def default_linear_method(device: torch.device, dtype: torch.dtype) -> LinearMethodBase:
+    if device.type == "cpu" and onednn_linear_available(dtype):
+        return OneDNNLinearMethod()
+    return UnquantizedLinearMethod()
 
 
 def _divide(numerator: int, denominator: int) -> int:
@@ -54,6 +107,7 @@ class LinearBase(nn.Module):
         super().__init__()
         self.input_size, self.output_size = input_size, output_size  # local (per-rank) sizes
         self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.packed_weight: torch.Tensor | None = None  # set by methods that repack the weight after loading
         self.quant_method = quant_method or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, input_size, output_size, dtype)
         if bias:

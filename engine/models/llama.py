@@ -15,22 +15,36 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.activation import SiluAndMul
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    MergedColumnParallelLinear,
+    OneDNNLinearMethod,
+    QKVParallelLinear,
+    RowParallelLinear,
+    onednn_linear,
+    onednn_prepack,
+)
 from engine.layers.rotary_embedding import RotaryEmbedding
 from engine.models.arch_config import ArchConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype, linear_method: LinearMethodBase | None
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, config.qkv_bias, dtype
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, config.qkv_bias, dtype,
+            quant_method=linear_method,
+        )  # fmt: skip
+        self.o_proj = RowParallelLinear(
+            self.q_size, config.hidden_size, config.o_proj_bias, dtype, quant_method=linear_method
         )
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, config.o_proj_bias, dtype)
         self.rotary_emb = rotary  # shared by all layers
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
@@ -47,11 +61,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ArchConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ArchConfig, dtype: torch.dtype, linear_method: LinearMethodBase | None) -> None:
         super().__init__()
-        size = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], config.mlp_bias, dtype)
-        self.down_proj = RowParallelLinear(size, config.hidden_size, config.mlp_bias, dtype)
+        size, hidden, bias = config.intermediate_size, config.hidden_size, config.mlp_bias
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [size, size], bias, dtype, quant_method=linear_method)
+        self.down_proj = RowParallelLinear(size, hidden, bias, dtype, quant_method=linear_method)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,10 +73,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype, linear_method: LinearMethodBase | None
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, dtype)
-        self.mlp = LlamaMLP(config, dtype)
+        self.self_attn = LlamaAttention(config, rotary, dtype, linear_method)
+        self.mlp = LlamaMLP(config, dtype, linear_method)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -94,9 +110,16 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: ArchConfig, dtype: torch.dtype, max_position: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        dtype: torch.dtype,
+        max_position: int | None = None,
+        linear_method: LinearMethodBase | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
+        self.linear_method = linear_method
         rotary = RotaryEmbedding(
             config.head_dim,
             max_position or config.max_position_embeddings,
@@ -105,7 +128,10 @@ class LlamaForCausalLM(nn.Module):
             dtype,
         )
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary, dtype) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, rotary, dtype, linear_method) for _ in range(config.num_hidden_layers)
+        )
+        self.lm_head_packed: torch.Tensor | None = None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
@@ -132,7 +158,17 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head_packed is not None:
+            return onednn_linear(hidden, self.lm_head_packed, None)
         return F.linear(hidden, self.lm_head)
+
+    def process_weights_after_loading(self) -> None:
+        """Let each linear method convert its weights; a prepacking method also gets a packed LM head."""
+        for module in self.modules():
+            if isinstance(module, LinearBase):
+                module.quant_method.process_weights_after_loading(module)
+        if isinstance(self.linear_method, OneDNNLinearMethod):
+            self.lm_head_packed = onednn_prepack(self.lm_head)  # tied: the embedding keeps its dense copy
 
     def bind_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
         for i, layer in enumerate(self.layers):
