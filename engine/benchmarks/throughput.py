@@ -7,7 +7,9 @@ elapsed_time, output_tokens_per_second = output tokens / elapsed_time; elapsed_t
 only (model loading and KV allocation excluded).
 
 Roofline (engine backend): the command times the model's own linear-layer matmul shapes at 512 rows in
-the run's dtype and takes the best GFLOP/s. Model FLOPs of a run =
+the run's dtype, with torch's F.linear and (CPU) with the prepacked oneDNN linear the engine uses, and
+takes the best GFLOP/s of either (both are in the JSON: on AMD CPUs MKL's float32 GEMM reaches about half
+of oneDNN's). Model FLOPs of a run =
 2 * non_embedding_params * total_num_tokens + 2 * vocab_size * hidden_size * total_output_tokens
 (the LM head runs once per sampled token; attention score FLOPs are left out, <10 % at these lengths),
 so roofline_fraction = achieved GFLOP/s / roofline GFLOP/s, and roofline_tokens_per_second is the
@@ -43,7 +45,9 @@ class ThroughputResult:
     requests_per_second: float
     tokens_per_second: float
     output_tokens_per_second: float
-    roofline_gflops: float | None = None
+    roofline_gflops: float | None = None  # the best kernel's; matmul_gflops has every kernel's
+    roofline_kernel: str | None = None
+    matmul_gflops: dict[str, float] | None = None
     model_gflop: float | None = None
     achieved_gflops: float | None = None
     roofline_fraction: float | None = None
@@ -89,24 +93,34 @@ def model_flops(arch: Any, total_tokens: int, output_tokens: int) -> float:
     return 2.0 * non_embedding * total_tokens + 2.0 * arch.vocab_size * h * output_tokens
 
 
-def measure_roofline_gflops(arch: Any, dtype: Any, device: Any, rows: int = 512, seconds: float = 0.3) -> float:
-    """Best GFLOP/s over the model's linear-layer shapes, x[rows, in] @ W[in, out]."""
+def measure_roofline_gflops(
+    arch: Any, dtype: Any, device: Any, rows: int = 512, seconds: float = 0.3
+) -> dict[str, float]:
+    """Best GFLOP/s over the model's linear-layer shapes, x[rows, in] @ W[in, out], per available matmul kernel."""
     import torch
+
+    from engine.layers.linear import onednn_linear, onednn_linear_available, onednn_prepack
 
     h, inter = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
-    best = 0.0
+    kernels = {"torch_linear": lambda x, w: torch.nn.functional.linear(x, w)}
+    if device.type == "cpu" and onednn_linear_available(dtype):
+        kernels["onednn_prepacked"] = lambda x, w: onednn_linear(x, w, None)
+    best = dict.fromkeys(kernels, 0.0)
     for in_features, out_features in ((h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)):
         x = torch.randn(rows, in_features, dtype=dtype, device=device)
         w = torch.randn(out_features, in_features, dtype=dtype, device=device)
-        torch.nn.functional.linear(x, w)
-        iterations, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds or iterations < 3:
-            torch.nn.functional.linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            iterations += 1
-        best = max(best, 2.0 * rows * in_features * out_features * iterations / elapsed / 1e9)
+        for name, kernel in kernels.items():
+            weight = onednn_prepack(w) if name == "onednn_prepacked" else w
+            kernel(x, weight)
+            iterations, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds or iterations < 3:
+                kernel(x, weight)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                iterations += 1
+            flops = 2.0 * rows * in_features * out_features * iterations / elapsed / 1e9
+            best[name] = max(best[name], flops)
     return best
 
 
@@ -125,8 +139,11 @@ def run_engine(model: str, requests: list[BenchRequest], knobs: dict[str, Any]) 
             raise RuntimeError(f"a request produced {produced} tokens, not {request.output_len}")
     runner = llm.llm_engine.engine_core.model_runner
     result = ThroughputResult.measure("engine", model, str(runner.dtype).removeprefix("torch."), requests, elapsed)
-    roofline = measure_roofline_gflops(runner.arch, runner.dtype, runner.device)
+    per_kernel = measure_roofline_gflops(runner.arch, runner.dtype, runner.device)
+    roofline = max(per_kernel.values())
     flop = model_flops(runner.arch, result.total_num_tokens, result.total_output_tokens)
+    result.roofline_kernel = max(per_kernel, key=per_kernel.__getitem__)
+    result.matmul_gflops = per_kernel
     result.roofline_gflops = roofline
     result.model_gflop = flop / 1e9
     result.achieved_gflops = flop / elapsed / 1e9
@@ -252,7 +269,9 @@ def throughput(
     if result.roofline_fraction is not None:
         typer.echo(
             f"Roofline: {result.achieved_gflops:.1f} of {result.roofline_gflops:.1f} GFLOP/s = "
-            f"{100 * result.roofline_fraction:.1f} % (roofline ~ {result.roofline_tokens_per_second:.0f} total tok/s)"
+            f"{100 * result.roofline_fraction:.1f} % (roofline ~ {result.roofline_tokens_per_second:.0f} total tok/s; "
+            + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in (result.matmul_gflops or {}).items())
+            + ")"
         )
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
