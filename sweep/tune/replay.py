@@ -30,6 +30,12 @@ def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
+def _feasible(trial: optuna.trial.FrozenTrial, objective: str) -> bool:
+    """Feasibility under the tuner's current rules: the engine started; for max-load, some load met the SLO."""
+    constraints = trial.constraints
+    return constraints.get("starts", -1.0) <= 0 and (objective != "max-load" or constraints.get("slo", 0.0) <= 0)
+
+
 def export_grid(study: optuna.Study) -> dict[str, Any]:
     """The fixture: the space, and one entry per measured combination (the last measurement when repeated)."""
     if len(study.directions) != 1:
@@ -37,6 +43,7 @@ def export_grid(study: optuna.Study) -> dict[str, Any]:
     trials = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not trials:
         raise ValueError(f"study {study.study_name!r} has no completed trial to export")
+    objective = study.user_attrs.get("objective", "max-load")
     space: dict[str, list[Any]] = {}
     for trial in trials:
         for name, dist in trial.distributions.items():
@@ -44,7 +51,7 @@ def export_grid(study: optuna.Study) -> dict[str, Any]:
     entries = {}
     for t in trials:
         error = (t.user_attrs.get("error") or "")[:200]
-        entries[_key(t.params)] = {"params": t.params, "value": t.values[0], "feasible": feasible(t),
+        entries[_key(t.params)] = {"params": t.params, "value": t.values[0], "feasible": _feasible(t, objective),
                                    "status": t.user_attrs.get("status"), "error": error}
     return {"study": study.study_name, "metric": (study.metric_names or ["value"])[0],
             "direction": study.direction.name.lower(), "info": study.user_attrs, "space": space,

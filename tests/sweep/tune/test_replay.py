@@ -58,3 +58,13 @@ def test_replay_rejects_a_grid_without_a_feasible_point(grid: dict) -> None:
         entry["feasible"] = False
     with pytest.raises(ValueError, match="no feasible"):
         grid_best(grid)
+
+
+def test_the_recorded_smollm2_grid_replays() -> None:
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "tune_grid_smollm2_cpu.json"
+    grid = load_grid(path)
+    assert len(grid["trials"]) == 32 and sum(e["feasible"] for e in grid["trials"]) == 20
+    best = grid_best(grid)
+    assert best == max(e["value"] for e in grid["trials"] if e["feasible"])
+    count = trials_to_reach(grid, optuna.samplers.TPESampler(seed=0), 0.05, budget=200)
+    assert count is not None
