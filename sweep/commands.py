@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -18,6 +19,15 @@ def _floats(text: str | None, flag: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise typer.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from None
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so a launched server is stopped and finished points stay written."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _fail(message: str) -> None:
@@ -110,6 +120,8 @@ def sweep(
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
     from sweep.metrics import parse_slo
+
+    _interrupt_on_sigterm()
     from sweep.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig, run_sweep
 
@@ -168,6 +180,13 @@ def sweep(
         run_dir = run_sweep(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        typer.secho(
+            f"interrupted: finished points are kept in {output_dir}; continue with the same flags and --resume",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(130) from None
     typer.echo(f"results: {run_dir}")
     if report:
         _render_report(run_dir, config.slo)
@@ -226,6 +245,8 @@ def calibrate(
 ) -> None:
     """Drive a local mock server and report the client's added latency and its maximum streamed chunks/s."""
     from sweep.calibrate import CalibrateConfig, run_calibration
+
+    _interrupt_on_sigterm()
 
     try:
         config = CalibrateConfig(
