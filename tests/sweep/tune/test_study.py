@@ -113,7 +113,9 @@ def test_repeated_unexpected_errors_stop_the_worker(tmp_path: Path) -> None:
 
 
 WORKER = textwrap.dedent("""
+    import os
     import sys
+    import time
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from tune_fakes import FakeBackend
@@ -127,7 +129,18 @@ WORKER = textwrap.dedent("""
     spec = ObjectiveSpec(max_load=16)
     study = open_study(sys.argv[1], "shared", spec, seed=0, info={{}})
     capacity = lambda k: k["max_num_seqs"] - 0.5 * (not k["enable_prefix_caching"])
-    run_study(study, TuneObjective(space, spec, FakeBackend(capacity), out), 10, None, show_progress=False)
+    # start together (a barrier on files), and make trials last, so both workers really share the study
+    (out / f"ready-{{os.getpid()}}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    backend = FakeBackend(capacity)
+    measure_slowly = backend.launch
+    def launch(knobs, trial_dir):
+        time.sleep(0.2)
+        return measure_slowly(knobs, trial_dir)
+    backend.launch = launch
+    run_study(study, TuneObjective(space, spec, backend, out), 10, None, show_progress=False)
 """)
 
 
