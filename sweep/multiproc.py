@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sweep.client import ClientConfig, PromptRequest, RequestRecord, make_session
-from sweep.runner import PointSpec, dispatch, reset_prefix_cache
+from sweep.runner import PointSpec, dispatch, preconnect, reset_prefix_cache
 
 READY_TIMEOUT_S = 120.0
 START_MARGIN_S = 0.2
@@ -43,6 +43,7 @@ def _child(
 
     async def main() -> tuple[list[RequestRecord], float]:
         async with make_session() as session:
+            await preconnect(session, client, min(concurrency or len(prompts), len(prompts)))
             conn.send("ready")
             t0 = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
             stop_at = t0 + duration if duration is not None else None

@@ -186,6 +186,24 @@ async def dispatch(
     return [r for r in results if r is not None]
 
 
+PRECONNECT_MAX = 256
+
+
+async def preconnect(session: aiohttp.ClientSession, client: ClientConfig, n: int) -> None:
+    """Open up to `n` keep-alive connections with concurrent GET /models, so no measured request pays a TCP (or
+    TLS) handshake inside its TTFT: a sweep measures a long-running client, not a cold start."""
+    headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
+
+    async def one() -> None:
+        try:
+            async with session.get(f"{client.url}/models", headers=headers) as response:
+                await response.read()
+        except aiohttp.ClientError:
+            pass  # an unreachable server shows up in the measured requests' errors
+
+    await asyncio.gather(*(one() for _ in range(min(n, PRECONNECT_MAX))))
+
+
 async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfig) -> bool:
     """POST /reset_prefix_cache on the server root; False when the server does not offer it."""
     root = client.url.removesuffix("/v1")
@@ -208,6 +226,7 @@ async def _run_point_async(
 ) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
     extras: dict[str, Any] = {}
     async with make_session() as session:
+        await preconnect(session, client, min(spec.concurrency or len(prompts), len(prompts)))
         if reset_cache:
             extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
         if warmups:
