@@ -119,3 +119,30 @@ def test_two_tune_workers_share_one_postgresql_study(tmp_path: Path, postgres_ds
     dirs = {Path(t.user_attrs["run_dir"]).name for t in trials}
     assert len(dirs) == len(trials)  # each trial wrote its own run directory
     optuna.delete_study(study_name="e2e-shared", storage=postgres_dsn)
+
+
+@pytest.mark.slow
+def test_external_template_open_loop_repeats_and_pruning_against_the_mock(tmp_path: Path) -> None:
+    """The mock streams with a gap of `max_num_seqs` ms per token: 32 misses tpot=15 at every rate (pruned)."""
+    out = tmp_path / "study"
+    space = {"max_num_seqs": {"choices": [2, 32]}, "enable_prefix_caching": None, "max_num_batched_tokens": None,
+             "enable_chunked_prefill": None, "max_model_len": None, "block_size": None}
+    template = f"{sys.executable} -m sweep.mock_server --port {{port}} --ttft-ms 5 --itl-ms {{max_num_seqs}}"
+    command = [BENCH, "tune", "--model", "mock", "--tokenizer", "tiny-random", "--slo", "tpot=15",
+               "--attainment", "0.5", "--request-rate", "2", "--max-load", "8", "--repeats", "2", "--grid",
+               "--space", str(out.parent / "space.json"), "--output-dir", str(out), "--input-len", "16",
+               "--output-len", "8", "--num-prompts", "6", "--launch-command", template]
+    (out.parent / "space.json").write_text(json.dumps(space))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = load_study(out)
+    by_seqs = {t.params["max_num_seqs"]: t for t in study.trials}
+    assert set(by_seqs) == {2, 32} and len(study.trials) == 2  # the grid: each configuration once
+    good, bad = by_seqs[2], by_seqs[32]
+    assert good.state == TrialState.COMPLETE and good.values == [8.0] and good.user_attrs["spread"] == [0.0]
+    assert len(good.user_attrs["repeat_values"]) == 2
+    assert sorted(p.name for p in (Path(good.user_attrs["run_dir"]) / "repeat1" / "points").glob("*.json")) == [
+        "r0002.00.json", "r0004.00.json", "r0008.00.json"]
+    assert bad.state == TrialState.PRUNED and bad.intermediate_values == {0: 0.0}
+    best = json.loads((out / "best.json").read_text())
+    assert best[0]["launch_command"].endswith("--port 8000 --ttft-ms 5 --itl-ms 2")
