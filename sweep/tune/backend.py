@@ -1,10 +1,10 @@
-"""A trial's engine and its load points: the sweep's launcher, runner, metrics and run-dir writer, per trial.
+"""A trial's engine and its load points: the sweep's launcher and `Sweeper`, per trial.
 
 Each trial starts its engine once (the built-in `bench serve` or an external launch template), then each repeat
-writes one sweep run directory `trial_NNNN/repeatR/` (the results contract: config.json, points/, requests.jsonl,
-summary.csv) plus the engine's `server.log` in the trial directory. A start failure, or an engine that dies while
-it is measured, raises `Infeasible` with the log's tail. The engine's pid is written to `engine.pid`, so a later
-worker can end an engine whose tuner was killed (`reap_orphan_engine`).
+is one `Sweeper` run directory `trial_NNNN/repeatR/` against it (the results contract: config.json, points/,
+requests.jsonl, summary.csv), with the engine's `server.log` in the trial directory. A start failure, or an
+engine that dies while it is measured, raises `Infeasible` with the log's tail. The engine's pid is written to
+`engine.pid`, so a later worker can end an engine whose tuner was killed (`reap_orphan_engine`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shlex
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,20 +76,9 @@ class EngineBackend:
 
     def __init__(self, workload: TrialWorkload, launch_command: str | None = None,
                  extra_knobs: dict[str, Any] | None = None, startup_timeout_s: float = 600.0) -> None:
-        from sweep.metrics import SLO_KEYS  # noqa: F401  (fails early if the sweep package is incomplete)
-
         self.workload, self.launch_command = workload, launch_command
         self.extra_knobs = extra_knobs or {}
         self.startup_timeout_s = startup_timeout_s
-        self._tokenizer: Any = None
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from engine.tokenizer import get_tokenizer
-
-            self._tokenizer = get_tokenizer(self.workload.tokenizer or self.workload.model)
-        return self._tokenizer
 
     def _server(self, knobs: dict[str, Any], trial_dir: Path) -> Any:
         from sweep.launcher import ServerProcess, builtin_command, free_port
@@ -122,60 +109,46 @@ class EngineBackend:
         assert server.process is not None
         pid = server.process.pid
         (trial_dir / ENGINE_PID).write_text(json.dumps({"pid": pid, "start": process_start(pid)}))
+        with contextlib.ExitStack() as sweepers:
+            try:
+                yield lambda repeat: self._measure(sweepers, server, knobs, trial_dir / f"repeat{repeat}")
+            finally:
+                sweepers.close()
+                server.stop()
+                (trial_dir / ENGINE_PID).unlink(missing_ok=True)
+
+    def _measure(self, sweepers: contextlib.ExitStack, server: Any, knobs: dict[str, Any],
+                 run_dir: Path) -> MeasurePoint:
+        """A sweep run directory against the trial's engine; `measure(load)` runs one point of it."""
+        from rich.console import Console
+
+        from sweep.runner import WorkloadConfig
+        from sweep.sweeper import SweepConfig, Sweeper
+
+        w = self.workload
+        config = SweepConfig(
+            output_dir=run_dir, mode=w.load_mode, url=server.url, model=w.model, tokenizer=w.tokenizer,
+            engine_knobs={**self.extra_knobs, **knobs}, launch_template=self.launch_command,
+            workload=WorkloadConfig(workload=w.workload, input_len=w.input_len, output_len=w.output_len,
+                                    seed=w.seed, endpoint=w.endpoint, max_model_len=knobs.get("max_model_len")),
+            num_prompts=w.num_prompts, burstiness=w.burstiness, num_warmups=w.num_warmups, slo=w.slo or None,
+            percentiles=list(w.percentiles), resume=True, command=shlex.join(server.command),
+        )
+        # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:
-            yield lambda repeat: self._measure(server, knobs, trial_dir / f"repeat{repeat}")
-        finally:
-            server.stop()
-            (trial_dir / ENGINE_PID).unlink(missing_ok=True)
-
-    def _run_config(self, server: Any, knobs: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-        import optuna
-
-        w = self.workload
-        return {
-            "run_id": f"{run_dir.parent.name}-{run_dir.name}-{uuid.uuid4().hex[:8]}",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "target": {"url": server.url, "model": w.model, "backend": "openai" if self.launch_command else "servelab",
-                       "engine_knobs": {**self.extra_knobs, **knobs}},
-            "workload": {k: v for k, v in asdict(w).items() if k not in ("slo", "percentiles", "model", "load_mode")},
-            "sweep": {"mode": w.load_mode, "values": [], "num_prompts": w.num_prompts, "duration": None,
-                      "burstiness": w.burstiness, "num_warmups": w.num_warmups},
-            "slo": w.slo or None,
-            "percentiles": list(w.percentiles),
-            "versions": {"python": platform.python_version(), "optuna": optuna.__version__},
-            "machine": {"hostname": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform()},
-            "command": shlex.join(server.command),
-        }
-
-    def _measure(self, server: Any, knobs: dict[str, Any], run_dir: Path) -> MeasurePoint:
-        from sweep.client import ClientConfig
-        from sweep.metrics import calculate_metrics
-        from sweep.results import concurrency_label, open_run, rate_label
-        from sweep.runner import PointSpec, WorkloadConfig, run_point
-
-        w = self.workload
-        config = self._run_config(server, knobs, run_dir)
-        writer = open_run(run_dir, config, resume=True)
-        client = ClientConfig(url=server.url, model=w.model, endpoint=w.endpoint)
-        workload = WorkloadConfig(workload=w.workload, input_len=w.input_len, output_len=w.output_len, seed=w.seed,
-                                  endpoint=w.endpoint, max_model_len=knobs.get("max_model_len"))
+            sweeper = sweepers.enter_context(Sweeper(config, console=Console(stderr=True, quiet=True)))
+        except RuntimeError:  # e.g. the engine died right after /health: that is the configuration's failure
+            self._check_alive(server)
+            raise
+        assert sweeper.writer is not None
+        sweeper.writer.config["target"]["backend"] = "openai" if self.launch_command else "servelab"
+        sweeper.writer.save_config()
 
         def measure(load: float) -> dict[str, Any]:
-            concurrency = w.load_mode == "concurrency"
-            label = concurrency_label(int(load)) if concurrency else rate_label(float(load))
-            if label in writer.finished_labels():
-                return writer.load_point(label)
-            spec = PointSpec(label=label, mode=w.load_mode, concurrency=int(load) if concurrency else None,
-                             rate=float(load) if not concurrency else float("inf"), burstiness=w.burstiness,
-                             num_prompts=max(w.num_prompts, int(load) if concurrency else 1),
-                             num_warmups=w.num_warmups)
-            run = run_point(client, spec, workload, self.tokenizer, salt=config["run_id"])
+            if w.load_mode == "concurrency":  # at least one prompt per stream, or the point measures less load
+                config.num_prompts = max(w.num_prompts, int(load))
+            point = sweeper.measure(load)
             self._check_alive(server)
-            point = {"label": label, **calculate_metrics(run.records, run.duration, w.percentiles, w.slo or None),
-                     "max_concurrency": int(load) if concurrency else None,
-                     "request_rate": "inf" if concurrency else float(load), "burstiness": w.burstiness}
-            writer.write_point(point, [r.to_row(label) for r in run.records])
-            config["sweep"]["values"].append(load)
             return point
 
         return measure
