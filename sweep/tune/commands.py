@@ -94,7 +94,7 @@ def tune(
     from sweep.tune.objective import ObjectiveSpec
     from sweep.tune.report import render_best_sweep_report, write_report
     from sweep.tune.space import DeviceInfo, SpaceError, build_space
-    from sweep.tune.study import TuneAborted, TuneObjective, open_study, run_study, storage_url
+    from sweep.tune.study import TuneAborted, TuneObjective, check_space_matches, open_study, run_study, storage_url
 
     console = Console()
     n_trials_given = n_trials is not None
@@ -166,6 +166,11 @@ def tune(
         n_trials = min(n_trials, size) if n_trials_given else size
         console.print(f"grid: {size} combinations")
     study = open_study(url, name, spec, seed, info, grid=grid_values)
+    try:
+        check_space_matches(study, search_space)
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
     tune_objective = TuneObjective(
         search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len

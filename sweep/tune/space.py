@@ -100,6 +100,15 @@ class Knob:
             return trial.suggest_int(self.name, int(self.low), int(self.high), step=step, log=self.log)  # type: ignore[arg-type]
         return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step, log=self.log)  # type: ignore[arg-type]
 
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        if self.kind in ("bool", "categorical"):
+            return optuna.distributions.CategoricalDistribution(self.choices)  # type: ignore[arg-type]
+        if self.kind == "int":
+            return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log,  # type: ignore[arg-type]
+                                                        step=int(self.step or 1))
+        return optuna.distributions.FloatDistribution(float(self.low), float(self.high), log=self.log,  # type: ignore[arg-type]
+                                                      step=self.step)
+
     def grid_values(self) -> list[Any]:
         if self.choices is not None:
             return list(self.choices)

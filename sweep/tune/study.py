@@ -118,6 +118,21 @@ def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: 
     return study
 
 
+def check_space_matches(study: optuna.Study, space: SearchSpace) -> None:
+    """A resumed or shared study must keep its search space; say which knob differs instead of failing trials."""
+    previous = next(iter(study.get_trials(deepcopy=False, states=FINISHED)), None)
+    if previous is None:
+        return
+    wanted = {k.name: k.distribution() for k in space.knobs}
+    if set(previous.distributions) != set(wanted):
+        raise ValueError(f"study {study.study_name!r} searches {sorted(previous.distributions)}, this command "
+                         f"{sorted(wanted)}; use the original --space or a new --study-name")
+    for name, dist in previous.distributions.items():
+        if dist != wanted[name]:
+            raise ValueError(f"study {study.study_name!r} has {name} as {dist}, this command as {wanted[name]}; "
+                             "use the original --space or a new --study-name")
+
+
 def worker_identity() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "start": process_start(os.getpid())}
 

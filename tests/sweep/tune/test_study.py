@@ -162,3 +162,19 @@ def test_two_workers_share_one_postgresql_study(tmp_path: Path, postgres_dsn: st
     pids = {t.user_attrs["worker"]["pid"] for t in trials}
     assert len(pids) == 2  # both workers ran trials
     optuna.delete_study(study_name="shared", storage=postgres_dsn)
+
+
+def test_a_study_refuses_a_changed_search_space(tmp_path: Path) -> None:
+    from sweep.tune.study import check_space_matches
+
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "s", spec, seed=0, info={})
+    space = small_space(tmp_path)
+    run_study(study, TuneObjective(space, spec, FakeBackend(capacity), tmp_path), 2, None, show_progress=False)
+    check_space_matches(study, space)  # the same space resumes
+    space.knobs[0].choices = [1, 2]
+    with pytest.raises(ValueError, match="max_num_seqs.*use the original --space"):
+        check_space_matches(study, space)
+    space.knobs.pop()
+    with pytest.raises(ValueError, match="searches"):
+        check_space_matches(study, space)
