@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +234,8 @@ def throughput(
     from engine.models import ArchConfig
     from engine.tokenizer import get_tokenizer
 
-    arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
+    with _clean_errors():
+        arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
     if workload is None:
         lengths = [(input_len or 256, output_len or 128)] * num_prompts
     else:
@@ -258,7 +261,8 @@ def throughput(
             "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
             "seed": seed,
         }  # fmt: skip
-        result = run_engine(model, requests, {k: v for k, v in knobs.items() if v is not None})
+        with _clean_errors():
+            result = run_engine(model, requests, {k: v for k, v in knobs.items() if v is not None})
     else:
         result = run_hf(model, requests, dtype, hf_batch_size)
     typer.echo(
@@ -285,6 +289,20 @@ def prepare_model(
     from engine.model_loader import resolve_model
     from engine.tokenizer import get_tokenizer
 
-    path = resolve_model(model)
-    get_tokenizer(model)
+    with _clean_errors():
+        path = resolve_model(model)
+        get_tokenizer(str(path) if model not in ("smollm2-135m", "tiny-random") else model)
     typer.echo(str(path))
+
+
+@contextmanager
+def _clean_errors() -> Iterator[None]:
+    """Bad input (a missing model, an impossible knob) ends the command with its message, not a traceback."""
+    from engine.config import ConfigError
+    from engine.tokenizer import ModelNotFoundError
+
+    try:
+        yield
+    except (ModelNotFoundError, ConfigError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
