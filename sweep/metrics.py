@@ -114,6 +114,26 @@ def ttft_decomposition(record: RequestRecord) -> tuple[float, float, float] | No
     return queue, prefill, record.ttft - queue - prefill  # type: ignore[operator]
 
 
+def peaks(ok: Sequence[RequestRecord]) -> dict[str, float | int]:
+    """vLLM's `max_output_tokens_per_s` (the busiest 1-s bucket, counted from the first send) and
+    `max_concurrent_requests` (the sweep-line peak of [send, last token)). Unlike vLLM, tokens are weighted by
+    each chunk's token count, so multi-token chunks are not undercounted."""
+    if not ok:
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    start = min(r.send_time for r in ok)
+    buckets: dict[int, int] = {}
+    for r in ok:
+        for t, n in zip(r.chunk_times, r.chunk_tokens, strict=True):
+            bucket = int(t - start)
+            buckets[bucket] = buckets.get(bucket, 0) + n
+    events = sorted([(r.send_time, 1) for r in ok] + [(r.last_token_time, -1) for r in ok])  # type: ignore[misc]
+    running = peak = 0
+    for _, step in events:  # at equal times the end (-1) sorts first: a finishing request frees its slot
+        running += step
+        peak = max(peak, running)
+    return {"max_output_tokens_per_s": float(max(buckets.values(), default=0)), "max_concurrent_requests": peak}
+
+
 def calculate_metrics(
     records: Sequence[RequestRecord],
     duration: float,
@@ -141,6 +161,7 @@ def calculate_metrics(
         "request_goodput": None,
         "slo_attainment": None,
     }
+    metrics.update(peaks(ok))
     if slo:
         good = sum(is_good(r, slo) for r in records)
         metrics["request_goodput"] = good / duration

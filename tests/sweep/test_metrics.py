@@ -66,6 +66,8 @@ def test_vllm_fields(runs: list[RequestRecord]) -> None:
     assert m["median_itl_ms"] == pytest.approx(187.5)
     assert m["mean_e2el_ms"] == pytest.approx(375.0)
     assert m["request_goodput"] is None and m["slo_attainment"] is None
+    # request 0 streams 4 tokens in [0, 0.5]; request 1 one token at 1.25: bucket 0 holds 4 tokens
+    assert m["max_output_tokens_per_s"] == 4.0 and m["max_concurrent_requests"] == 1  # [0, .5) and [1, 1.25)
 
 
 def test_goodput_counts_failures_as_misses(runs: list[RequestRecord]) -> None:
@@ -92,6 +94,7 @@ def test_queue_inclusive_and_decomposition(runs: list[RequestRecord]) -> None:
 def test_empty_and_all_failed() -> None:
     m = calculate_metrics([], duration=1.0, slo={"ttft_ms": 1.0})
     assert (m["completed"], m["failed"], m["mean_ttft_ms"], m["p99_e2el_ms"]) == (0, 0, 0.0, 0.0)
+    assert m["max_output_tokens_per_s"] == 0.0 and m["max_concurrent_requests"] == 0
     assert m["slo_attainment"] is None and m["request_goodput"] == 0.0
     failed = [record(i, 0.0, [], [], 5, error="ClientConnectorError: refused") for i in range(2)]
     m = calculate_metrics(failed, duration=1.0, slo={"e2el_ms": 1e9})
@@ -108,3 +111,14 @@ def test_parse_slo_and_percentile_names() -> None:
     assert [percentile_name(p) for p in (50, 99.0, 99.9)] == ["p50", "p99", "p99.9"]
     m = calculate_metrics([record(0, 0.0, [0.1, 0.2], [1, 1], 3)], 1.0, percentiles=[99.9])
     assert math.isclose(m["p99.9_ttft_ms"], 100.0)
+
+
+def test_peaks_overlap() -> None:
+    overlapping = [
+        record(0, 0.0, [0.5, 1.5], [3, 3], 1),
+        record(1, 1.0, [1.25, 2.0], [2, 2], 1),
+        record(2, 2.0, [2.5], [1], 1),
+    ]
+    m = calculate_metrics(overlapping, duration=3.0)
+    assert m["max_concurrent_requests"] == 2  # 0 and 1 overlap in [1.0, 1.5); 2 starts as 1 ends
+    assert m["max_output_tokens_per_s"] == 5.0  # bucket [1, 2): 3 + 2 tokens
