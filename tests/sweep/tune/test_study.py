@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -146,6 +147,8 @@ WORKER = textwrap.dedent("""
 
 def test_two_workers_share_one_postgresql_study(tmp_path: Path, postgres_dsn: str) -> None:
     small_space(tmp_path)  # writes space.json for the workers
+    with contextlib.suppress(KeyError):  # a study left by an interrupted earlier run on the same server
+        optuna.delete_study(study_name="shared", storage=postgres_dsn)
     script = WORKER.format(tests=str(Path(__file__).parent))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     workers = [subprocess.Popen([sys.executable, "-c", script, postgres_dsn, str(tmp_path)], env=env,
