@@ -9,6 +9,11 @@ already in the layout the batched matmuls of SDPA want (no transposed copy of K/
   block_size, head_dim], and a length mask hides the padding. The query heads of one KV group are
   folded into the query-length dimension ([kv_heads, num_decodes, group, head_dim]), so GQA needs no
   repeated K/V.
+* Decode mirror: when a step's decodes are exactly the previous step's, each one token longer (the steady
+  state of continuous batching), the gather is skipped: every layer keeps its decodes' K/V from the last
+  step in a padded "mirror" ([2, kv_heads, num_decodes, capacity, head_dim], a few blocks of headroom)
+  and only appends the new token. Any change of the decode set, or outgrowing the headroom, rebuilds it
+  with one gather; mirrors above MIRROR_BYTES_PER_LAYER fall back to gathering every step.
 * Prefill chunks run one SDPA call per sequence: with no cached context the fresh K/V and
   `is_causal=True`; with context (a later chunk or a prefix-cache hit) the sequence's gathered KV and
   a causal mask offset by the context length.
@@ -22,6 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
+
+MIRROR_BYTES_PER_LAYER = 32 * 2**20
+MIRROR_HEADROOM_BLOCKS = 4
 
 
 @dataclass
@@ -43,9 +51,37 @@ class TorchAttentionMetadata(AttentionMetadata):
     prefills: list[PrefillChunk] = field(default_factory=list)
     write_indices: torch.Tensor | None = None  # tokens whose slot is >= 0, when some are -1
     decode_kv_buffer: torch.Tensor | None = None  # the decodes' gathered K/V, allocated by the first layer
+    decode_mirror: str = "off"  # "off": gather each step; "rebuild": gather into the mirror; "append"
+    decode_positions: torch.Tensor | None = None  # [num_decodes] position of each decode token
 
 
 class TorchAttentionBackend(AttentionBackend):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, block_size: int) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
+        self._mirror_storage: dict[int, torch.Tensor] = {}  # per layer, keyed by the KV cache's data pointer
+        self._mirror_blocks = 0  # capacity of the current mirrors in blocks per sequence; 0 = no valid mirror
+        self._last_decodes: tuple[list[list[int]], list[int]] | None = None
+
+    def _plan_decode_mirror(self, tables: list[list[int]], lens: list[int]) -> str:
+        previous, self._last_decodes = self._last_decodes, (tables, lens)
+        if (
+            previous is not None
+            and self._mirror_blocks
+            and len(previous[1]) == len(lens)
+            and max(len(t) for t in tables) <= self._mirror_blocks
+            and all(n == p + 1 for n, p in zip(lens, previous[1], strict=True))
+            and all(t[: len(p)] == p for t, p in zip(tables, previous[0], strict=True))
+        ):
+            return "append"
+        blocks = max(len(t) for t in tables) + MIRROR_HEADROOM_BLOCKS
+        per_layer = 2 * self.num_kv_heads * len(tables) * blocks * self.block_size * self.head_dim * 4
+        if per_layer > MIRROR_BYTES_PER_LAYER:
+            self._mirror_blocks = 0
+            self._mirror_storage.clear()
+            return "off"
+        self._mirror_blocks = blocks
+        return "rebuild"
+
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
 
@@ -83,10 +119,15 @@ class TorchAttentionBackend(AttentionBackend):
         metadata = TorchAttentionMetadata(num_tokens=start, slot_mapping=slot_mapping, prefills=prefills)
         if bool((slot_mapping < 0).any()):
             metadata.write_indices = (slot_mapping >= 0).nonzero().squeeze(1)
-        if decode_tokens:
+        if not decode_tokens:
+            self._last_decodes, self._mirror_blocks = None, 0
+        else:
             max_blocks = max(len(t) for t in decode_tables)
-            padded = [t + t[:1] * (max_blocks - len(t)) for t in decode_tables]  # pad with a written block
+            metadata.decode_mirror = self._plan_decode_mirror(decode_tables, decode_lens)
+            width = self._mirror_blocks if metadata.decode_mirror == "rebuild" else max_blocks
+            padded = [t + t[:1] * (width - len(t)) for t in decode_tables]  # pad with a written block
             lens = torch.tensor(decode_lens, device=device)
+            metadata.decode_positions = lens - 1
             metadata.num_decodes = len(decode_tokens)
             metadata.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device).view(-1)
             metadata.decode_mask = (torch.arange(max_blocks * bs, device=device)[None, :] < lens[:, None])[
@@ -112,7 +153,7 @@ class TorchAttentionBackend(AttentionBackend):
             self._write_kv(k, v, kv_cache, metadata)
         out = torch.empty_like(q)
         if metadata.num_decodes:
-            self._decode(q, out, kv_cache, metadata)
+            self._decode(q, k, v, out, kv_cache, metadata)
         for chunk in metadata.prefills:
             self._prefill(q, k, v, out, kv_cache, chunk)
         return out
@@ -132,22 +173,52 @@ class TorchAttentionBackend(AttentionBackend):
         shape = (self.num_kv_heads, -1, self.head_dim)
         return gathered[0].view(shape), gathered[1].view(shape)
 
+    def _decode_kv(
+        self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: TorchAttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the decodes as [kv_heads, num_decodes, padded_len, head_dim] (padding masked later)."""
+        n, kvh, bs, dim, ids = md.num_decodes, self.num_kv_heads, self.block_size, self.head_dim, md.decode_block_ids
+        assert ids is not None
+        if md.decode_mirror == "off":  # one gather buffer per step, reused by every layer
+            if md.decode_kv_buffer is None:
+                md.decode_kv_buffer = kv_cache.new_empty((2, kvh, ids.numel(), bs, dim))
+            kv = torch.index_select(kv_cache, 2, ids, out=md.decode_kv_buffer).view(2, kvh, n, -1, dim)
+            return kv[0], kv[1]
+        shape = (2, kvh, n, self._mirror_blocks * bs, dim)
+        needed = 2 * kvh * n * self._mirror_blocks * bs * dim
+        storage = self._mirror_storage.get(kv_cache.data_ptr())
+        if md.decode_mirror == "rebuild":
+            if storage is None or storage.numel() < needed:
+                storage = self._mirror_storage[kv_cache.data_ptr()] = kv_cache.new_empty(needed)
+            mirror = storage[:needed].view(shape)
+            torch.index_select(kv_cache, 2, ids, out=mirror.view(2, kvh, -1, bs, dim))
+        else:
+            assert storage is not None
+            mirror = storage[:needed].view(shape)
+            idx, rows = md.decode_token_indices, torch.arange(n, device=k.device)
+            new_k = k[:n] if idx is None else k.index_select(0, idx)
+            new_v = v[:n] if idx is None else v.index_select(0, idx)
+            mirror[0][:, rows, md.decode_positions] = new_k.transpose(0, 1)
+            mirror[1][:, rows, md.decode_positions] = new_v.transpose(0, 1)
+        return mirror[0], mirror[1]
+
     def _decode(
-        self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor | None, md: TorchAttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        md: TorchAttentionMetadata,
     ) -> None:
         if kv_cache is None:
             raise ValueError("decode tokens need a KV cache")
         n, kvh, group = md.num_decodes, self.num_kv_heads, self.num_heads // self.num_kv_heads
         idx = md.decode_token_indices
         q_dec = q[:n] if idx is None else q.index_select(0, idx)
-        ids = md.decode_block_ids
-        assert ids is not None
-        # one gather buffer per step, reused by every layer (no per-layer allocation of the padded KV)
-        if md.decode_kv_buffer is None:
-            md.decode_kv_buffer = kv_cache.new_empty((2, kvh, ids.numel(), self.block_size, self.head_dim))
-        gathered = torch.index_select(kv_cache, 2, ids, out=md.decode_kv_buffer)
-        key = gathered[0].view(kvh, n, -1, self.head_dim)
-        value = gathered[1].view(kvh, n, -1, self.head_dim)
+        key, value = self._decode_kv(kv_cache, k, v, md)
+        length = md.decode_mask.shape[-1]  # type: ignore[union-attr]
+        key, value = key[:, :, :length], value[:, :, :length]
         q_dec = q_dec.view(n, kvh, group, self.head_dim).transpose(0, 1)  # [kvh, n, group, head_dim]
         if q_dec.dtype == torch.float32:
             # Two batched matmuls + softmax beat SDPA's flash kernel by ~30 % at a query length of `group`.

@@ -106,3 +106,50 @@ def test_block_table_too_short_is_rejected() -> None:
     backend = TorchAttentionBackend(2, 1, 4, 1.0, 4)
     with pytest.raises(ValueError, match="needs 2 blocks"):
         backend.build_metadata([1], [5], [[0]], torch.tensor([4]), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mirror_budget", [0, 32 * 2**20])
+def test_many_decode_steps_through_the_mirror(mirror_budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steady decoding (mirror appends), block-boundary crossings, outgrowing the headroom, a sequence
+    leaving the batch: every step must equal the dense reference. Budget 0 forces the gather-only path."""
+    monkeypatch.setattr("engine.attention.torch_backend.MIRROR_BYTES_PER_LAYER", mirror_budget)
+    torch.manual_seed(3)
+    block_size, heads, kv_heads, dim, scale = 2, 4, 2, 8, 0.35
+    backend = TorchAttentionBackend(heads, kv_heads, dim, scale, block_size)
+    cache = torch.zeros(backend.kv_cache_shape(128))
+    free = torch.randperm(128).tolist()
+    prompts, steps = [3, 6, 1], 14
+    seqs = []
+    for n in prompts:
+        total = n + steps
+        seqs.append({
+            "q": torch.randn(total, heads, dim),
+            "k": torch.randn(total, kv_heads, dim),
+            "v": torch.randn(total, kv_heads, dim),
+            "blocks": [free.pop() for _ in range(-(-total // block_size))],
+        })
+    run_step(backend, cache, seqs, [0] * 3, prompts)
+    plans: list[str] = []
+    plan = backend._plan_decode_mirror
+
+    def spy(tables: list[list[int]], lens: list[int]) -> str:
+        plans.append(plan(tables, lens))
+        return plans[-1]
+
+    monkeypatch.setattr(backend, "_plan_decode_mirror", spy)
+    for step in range(steps):
+        live = [i for i in range(3) if not (i == 1 and step >= 12)]  # sequence 1 stops after 12 decode steps
+        starts = [prompts[i] + step for i in live]
+        for i, start in zip(live, starts, strict=True):  # a table only holds the blocks written so far
+            seqs[i]["table"] = seqs[i]["blocks"][: -(-(start + 1) // block_size)]
+        view = [dict(seqs[i], blocks=seqs[i]["table"]) for i in live]
+        out = run_step(backend, cache, view, starts, [s + 1 for s in starts])
+        for row, (i, start) in enumerate(zip(live, starts, strict=True)):
+            seq = seqs[i]
+            q, k, v = seq["q"][start : start + 1], seq["k"][: start + 1], seq["v"][: start + 1]
+            expected = dense_reference(q, k, v, start, scale)
+            torch.testing.assert_close(out[row : row + 1], expected, atol=1e-5, rtol=1e-5)
+    if mirror_budget:  # first step, headroom outgrown (step 10), sequence 1 leaving (step 12): rebuilds
+        assert plans.count("rebuild") >= 3 and plans.count("append") >= 8
+    else:
+        assert set(plans) == {"off"}
