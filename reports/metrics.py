@@ -67,7 +67,10 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
     records = []
     for row in rows.to_dict("records"):
         send = _scalar(row.get("send_time"))
-        chunk_times = row.get("chunk_times")
+        chunk_times = list(row["chunk_times"]) if isinstance(row.get("chunk_times"), list) else []
+        # Sources without per-chunk counts (vLLM's detailed JSON) count one token per chunk, as vLLM does.
+        chunk_tokens = list(row["chunk_tokens"]) if isinstance(row.get("chunk_tokens"), list) else []
+        chunk_tokens = chunk_tokens or [1] * len(chunk_times)
         records.append(
             RequestRecord(
                 index=_int(row.get("index")) or 0,
@@ -80,8 +83,8 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
                 first_token_time=_scalar(row.get("first_token_time")),
                 last_token_time=_scalar(row.get("last_token_time")),
                 end_time=_scalar(row.get("end_time")),
-                chunk_times=list(chunk_times) if isinstance(chunk_times, list) else [],
-                chunk_tokens=list(row["chunk_tokens"]) if isinstance(row.get("chunk_tokens"), list) else [],
+                chunk_times=chunk_times,
+                chunk_tokens=chunk_tokens,
                 prompt_tokens=_int(row.get("prompt_tokens")),
                 output_tokens=_int(row.get("output_tokens")),
                 client_prompt_tokens=_int(row.get("client_prompt_tokens")),
