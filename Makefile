@@ -21,6 +21,7 @@ model: install
 	$(VENV)/bin/bench prepare-model smollm2-135m
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
 
 test-fast: install
@@ -29,9 +30,12 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# A concurrency sweep of the built-in engine on the default model with a real length mix (LMSYS-Chat),
+# then report.html/report.md in $(BENCH_DIR)/report. About 3 minutes on 2 CPU cores.
+BENCH_DIR ?= results/bench-$(shell date +%Y%m%d-%H%M%S)
 bench: model
-	$(VENV)/bin/bench throughput --backend engine --model smollm2-135m --num-prompts 32 \
-		--input-len 256 --output-len 128 --output-json results/throughput.json
+	$(VENV)/bin/bench sweep --model smollm2-135m --workload lmsys --concurrency 1,4,16 --num-prompts 24 \
+		--slo ttft=1000,tpot=100 --output-dir $(BENCH_DIR)
 
 clean:
 	rm -rf $(VENV) results
