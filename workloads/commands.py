@@ -18,31 +18,37 @@ def register(app: typer.Typer) -> None:
 
 @workloads_app.command("list")
 def list_command() -> None:
-    """The shipped real mixes: source, licence, request count, p50/p90 input and output tokens."""
+    """The shipped real mixes: request count, p50/p90 input and output tokens; source and licence."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     import workloads
 
-    table = Table(title="shipped workloads (token counts as published by each source)")
-    for column in ("name", "source", "licence", "requests", "in p50", "in p90", "out p50", "out p90", "arrivals"):
-        table.add_column(
-            column, justify="right" if column.startswith(("in", "out", "req")) else "left", no_wrap=column == "name"
-        )
-    for info in workloads.list_workloads():
-        table.add_row(
+    # Two narrow tables rather than one wide one: each fits an 80-column terminal (and non-tty output) untruncated.
+    infos = workloads.list_workloads()
+    title = "shipped workloads: token counts as each source published them"
+    lengths = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("name", "requests", "in\np50", "in\np90", "out\np50", "out\np90", "arrivals"):
+        lengths.add_column(column, justify="left" if column in ("name", "arrivals") else "right", no_wrap=True)
+    for info in infos:
+        lengths.add_row(
             info.name,
-            info.source,
-            info.licence.split(" (")[0].split(";")[0],
             f"{info.count:,}",
             f"{info.input_p50:,.0f}",
             f"{info.input_p90:,.0f}",
             f"{info.output_p50:,.0f}",
             f"{info.output_p90:,.0f}",
-            "trace" + ("+prefix" if info.has_prefix_ids else "") if info.has_timestamps else "-",
+            "trace" + ("+ids" if info.has_prefix_ids else "") if info.has_timestamps else "-",
         )
+    provenance = Table(title="provenance (more: bench workloads show NAME)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("name", "source", "licence"):
+        provenance.add_column(column, no_wrap=column == "name")
+    for info in infos:
+        provenance.add_row(info.name, info.source, info.licence.split(" (")[0].split(";")[0])
     console = Console()
-    console.print(table)
+    console.print(lengths)
+    console.print(provenance)
     console.print(f"generators: {', '.join(workloads.GENERATORS)}, mixture:<name>=<weight>,...; or a trace file path")
 
 

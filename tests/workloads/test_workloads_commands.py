@@ -16,6 +16,14 @@ def test_list_shows_every_mix():
     assert "8,819" in result.output and "CC-BY-4.0" in result.output
 
 
+
+def test_list_is_readable_at_80_columns():
+    result = runner.invoke(app, ["workloads", "list"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output and max(len(line) for line in result.output.splitlines()) <= 80
+    for text in ("mooncake-conversation", "12,031", "27,367", "trace+ids", "Mooncake FAST25", "Apache-2.0"):
+        assert text in result.output
+
 def test_show_with_plot_writes_a_png(tmp_path):
     plot = tmp_path / "azure.png"
     result = runner.invoke(app, ["workloads", "show", "azure-code-2023", "--plot", str(plot)], env={"COLUMNS": "200"})
