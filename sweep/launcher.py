@@ -3,11 +3,14 @@
 The built-in engine runs as `bench serve MODEL --port P --<knob> V ...` (vLLM's flag names). Any other
 server comes from a launch-command template such as `vllm serve {model} --port {port} --max-num-seqs
 {max_num_seqs}`: `{port}`, `{host}`, `{model}` and every knob are substituted. The log goes to a file (the
-run directory's server.log); a start that fails or times out raises with the log's tail.
+run directory's server.log); a start that fails or times out raises with the log's tail. On Linux the server
+gets SIGTERM if the process that launched it dies (prctl PR_SET_PDEATHSIG), so a killed sweep or tuner never
+leaves an engine holding the port and the memory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import signal
@@ -17,11 +20,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 LOG_TAIL_LINES = 40
+PR_SET_PDEATHSIG = 1
 
 
 class ServerStartError(RuntimeError):
@@ -46,6 +51,24 @@ def knob_flags(knobs: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A Popen preexec_fn that has the child SIGTERMed when this process dies (Linux; None elsewhere).
+
+    The kernel ties the signal to the launching *thread*: launch from a thread that outlives the server.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # resolved here, in the parent: the forked child only calls it
+    parent_pid = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 def builtin_command(model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:
@@ -91,6 +114,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,  # its own process group: shutdown reaches any workers it forks
+                preexec_fn=die_with_parent(),
                 cwd=Path(__file__).resolve().parent.parent,
             )
         try:

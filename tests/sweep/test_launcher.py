@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -62,3 +66,34 @@ def test_start_errors_carry_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="(?s)did not answer.*loading"):
         server.start()
     assert server.process.poll() is not None  # the hung server was killed, not leaked
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie awaiting a reaper (the orphaned server is reparented)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_the_server_dies_with_the_process_that_launched_it(tmp_path: Path) -> None:
+    parent = f"""
+import os, shlex, signal, sys
+from pathlib import Path
+from sweep.launcher import launch
+template = shlex.quote(sys.executable) + " -m sweep.mock_server --port {{port}}"
+server = launch("mock", {{}}, Path({str(tmp_path / "server.log")!r}), template=template, health_timeout_s=60).start()
+print(server.process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no cleanup runs: only the kernel can stop the server now
+"""
+    result = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    server_pid = int(result.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 30
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server_pid), "the orphaned server kept running"
+    finally:
+        if _alive(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)
