@@ -19,6 +19,7 @@ total tok/s the machine would reach at the roofline.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -261,7 +262,7 @@ def throughput(
             "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
             "seed": seed,
         }  # fmt: skip
-        with _clean_errors():
+        with _clean_errors(), _engine_logs():
             result = run_engine(model, requests, {k: v for k, v in knobs.items() if v is not None})
     else:
         result = run_hf(model, requests, dtype, hf_batch_size)
@@ -293,6 +294,22 @@ def prepare_model(
         path = resolve_model(model)
         get_tokenizer(str(path) if model not in ("smollm2-135m", "tiny-random") else model)
     typer.echo(str(path))
+
+
+@contextmanager
+def _engine_logs() -> Iterator[None]:
+    """Show the engine's INFO lines (how many KV blocks and tokens fit) on stderr while the command runs."""
+    logger = logging.getLogger("engine")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
 
 
 @contextmanager

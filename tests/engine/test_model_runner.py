@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -113,11 +115,26 @@ def test_dtype_and_eos_resolution(runner: ModelRunner) -> None:
     assert runner.eos_token_ids == [2] and runner.max_model_len == 256
 
 
-def test_num_blocks_override_and_cap() -> None:
+def test_num_blocks_override_and_cap(caplog: pytest.LogCaptureFixture) -> None:
     config = EngineConfig.from_kwargs(model="tiny-random", num_gpu_blocks_override=37)
-    assert ModelRunner(config).determine_num_blocks() == 37
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        assert ModelRunner(config).determine_num_blocks() == 37
+    assert "KV cache: 37 blocks of 16 tokens = 592 tokens" in caplog.text  # how many blocks and tokens fit
     capped = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=64, max_num_seqs=3))
     assert capped.determine_num_blocks() == 3 * 64 // 16
+
+
+def test_profile_run_covers_the_token_budget_and_keeps_the_cache_bound() -> None:
+    """The profiling forward the cuda sizing uses: max_num_batched_tokens split into max_model_len sequences."""
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=64, max_num_batched_tokens=200))
+    runner.initialize_kv_cache(8)
+    calls: list[int] = []
+    runner.model.register_forward_pre_hook(lambda _, args: calls.append(args[0].numel()))
+    runner.profile_run()
+    assert calls == [200]
+    request = Request("after", [5, 6, 7], SamplingParams())
+    logits = runner.execute_model(SchedulerOutput([ScheduledRequest(request, 3, [0])], 3))
+    assert logits.shape == (1, runner.vocab_size) and torch.isfinite(logits).all()
 
 
 def test_kv_cache_too_small_for_one_sequence_is_a_clear_error() -> None:

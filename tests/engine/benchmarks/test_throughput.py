@@ -36,6 +36,7 @@ def test_throughput_writes_json(backend: str, tmp_path: Path) -> None:
     assert (data["num_requests"], data["total_num_tokens"], data["total_output_tokens"]) == (3, 51, 15)
     assert data["backend"] == backend and data["dtype"] == "float32"
     if backend == "engine":
+        assert "KV cache: " in result.output and " tokens = " in result.output  # how many blocks and tokens fit
         assert 0 < data["roofline_fraction"] and data["roofline_gflops"] == max(data["matmul_gflops"].values())
     assert "Throughput:" in result.output
 
