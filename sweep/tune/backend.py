@@ -32,8 +32,8 @@ class TrialWorkload:
 
     model: str
     workload: str = "random"
-    input_len: int | None = 256
-    output_len: int | None = 64
+    input_len: int | None = None  # generated workloads only: shipped mixes and traces reject length options
+    output_len: int | None = None
     num_prompts: int = 32
     num_warmups: int = 1
     endpoint: str = "completions"

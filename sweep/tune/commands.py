@@ -20,6 +20,14 @@ def _model_max_len(model: str) -> int | None:
         return None
 
 
+def _check_workload(workload: str, input_len: int | None, output_len: int | None, seed: int) -> None:
+    """A bad workload or length option is one clear error before any trial, not a failure in every trial."""
+    import workloads
+
+    if workload in workloads.shipped_names() or not Path(workload).expanduser().is_file():
+        workloads.load(workload, num_requests=1, seed=seed, input_len=input_len, output_len=output_len)
+
+
 def default_study_name(model: str, workload: str, objective: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"tune-{Path(model).name}-{Path(workload).name}-{objective}")
 
@@ -64,8 +72,8 @@ def tune(
     space: Path | None = typer.Option(None, help="YAML/JSON file overriding the search space."),
     output_dir: Path = typer.Option(Path("results/tune"), help="Study DB, trial run directories, tune_report.html."),
     workload: str = typer.Option("random", help="Workload: a shipped mix, fixed, random, or a trace file."),
-    input_len: int | None = typer.Option(256, help="Prompt tokens for fixed/random workloads."),
-    output_len: int | None = typer.Option(64, help="Output tokens for fixed/random workloads."),
+    input_len: int | None = typer.Option(None, help="Prompt tokens for generated workloads (fixed/random: 256)."),
+    output_len: int | None = typer.Option(None, help="Output tokens for generated workloads (fixed/random: 64)."),
     num_prompts: int = typer.Option(32, help="Prompts per load point (at least the point's concurrency)."),
     num_warmups: int = typer.Option(1, help="Warm-up prompts before each point (not measured)."),
     endpoint: str = typer.Option("completions", help="completions | chat."),
@@ -115,6 +123,9 @@ def tune(
             min_load=load,
             max_load=max(max_load, load),
         )
+        if workload in ("fixed", "random"):  # shipped mixes and traces bring their own lengths: pass none
+            input_len, output_len = input_len or 256, output_len or 64
+        _check_workload(workload, input_len, output_len, seed)
         model_max_len = None if launch_command else _model_max_len(model)
         longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1))

@@ -149,3 +149,38 @@ def test_external_template_open_loop_repeats_and_pruning_against_the_mock(tmp_pa
     assert bad.state == TrialState.PRUNED and bad.intermediate_values == {0: 0.0}
     best = json.loads((out / "best.json").read_text())
     assert best[0]["launch_command"].endswith("--port 8000 --ttft-ms 5 --itl-ms 2")
+
+
+MOCK_SPACE = {"max_num_seqs": {"fixed": 2}, "enable_prefix_caching": None, "max_num_batched_tokens": None,
+              "enable_chunked_prefill": None, "max_model_len": None, "block_size": None}
+
+
+@pytest.mark.slow
+def test_a_shipped_mix_tunes_without_length_options(tmp_path: Path) -> None:
+    """Shipped mixes bring their own lengths: the tuner passes none (workloads.load rejects them for a mix)."""
+    out = tmp_path / "study"
+    (tmp_path / "space.json").write_text(json.dumps(MOCK_SPACE))
+    template = f"{sys.executable} -m sweep.mock_server --port {{port}} --ttft-ms 5 --itl-ms 1"
+    command = [BENCH, "tune", "--model", "mock", "--tokenizer", "tiny-random", "--workload", "lmsys",
+               "--slo", "tpot=500", "--objective", "goodput", "--concurrency", "2", "--n-trials", "1",
+               "--space", str(tmp_path / "space.json"), "--output-dir", str(out), "--num-prompts", "3",
+               "--num-warmups", "0", "--launch-command", template]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = load_study(out).trials
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["metrics"]["completed"] == 3
+    config = json.loads((Path(trial.user_attrs["run_dir"]) / "repeat0" / "config.json").read_text())
+    assert config["workload"]["workload"] == "lmsys"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--workload", "lmsys", "--input-len", "100"], "takes no length options"),
+    (["--workload", "no-such-mix"], "unknown workload 'no-such-mix'"),
+])
+def test_a_bad_workload_is_one_clear_error_before_any_trial(tmp_path: Path, flags: list[str], message: str) -> None:
+    done = subprocess.run([BENCH, "tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir",
+                           str(tmp_path / "study"), *flags], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stdout and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "study").exists()
