@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import sweep
+from sweep.calibrate import start_mock
 from sweep.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,3 +118,42 @@ def test_sweep_builtin_engine_end_to_end(tmp_path: Path) -> None:
     assert point["fidelity"]["client"]["prefix_cache_reset"] is True
     assert point["mean_prefill_ms"] > 0 and "mean_ttft_rest_ms" in point
     assert "shutting down" in (out / "server.log").read_text()  # SIGTERM, clean shutdown
+
+
+def test_resume_and_client_procs_flags(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with start_mock(2.0, 1.0, tmp_path / "mock.log") as mock:
+        common = ["sweep", "--url", mock.url, "--model", "mock", "--tokenizer", "tiny-random", "--no-report"]
+        common += ["--workload", "fixed", "--input-len", "16", "--output-len", "4", "--num-prompts", "4"]
+        common += ["--client-procs", "2", "--output-dir", str(out)]
+        first = bench(*common, "--concurrency", "2")
+        assert first.returncode == 0, first.stderr[-3000:]
+        finished = (out / "points" / "c0002.json").read_bytes()
+        again = bench(*common, "--concurrency", "2,4")
+        assert again.returncode == 2 and "--resume" in again.stderr  # a run is never overwritten
+        resumed = bench(*common, "--concurrency", "2,4", "--resume")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "points" / "c0002.json").read_bytes() == finished  # the finished point was not repeated
+    results = sweep.load_results(out)
+    assert list(results.points["label"]) == ["c0002", "c0004"] and list(results.points["completed"]) == [4, 4]
+    assert results.config["sweep"]["client_procs"] == 2
+    point = json.loads((out / "points" / "c0004.json").read_text())
+    assert point["fidelity"]["client"]["client_procs"] == 2  # the point really ran on two client processes
+
+
+def test_calibrate_reports_added_latency_and_chunk_rate(tmp_path: Path) -> None:
+    report_path = tmp_path / "calibration.json"
+    args = ["calibrate", "--concurrency", "1,4", "--num-prompts", "8", "--output-len", "4"]
+    done = bench(*args, "--ttft-ms", "5", "--itl-ms", "2", "--output-json", str(report_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "maximum streamed chunks/s at concurrency 4" in done.stderr
+    report = json.loads(report_path.read_text())
+    assert sorted(report["timed"]) == ["1", "4"]
+    for figures in report["timed"].values():
+        assert (figures["completed"], figures["failed"]) == (8, 0)
+        assert figures["ttft_error_p50_ms"] > -1.0  # the client cannot see a first token before the mock sends it
+        assert isinstance(figures["tpot_error_p99_ms"], float)
+        assert figures["chunks_per_s"] > 0
+    assert report["max_rate"]["concurrency"] == 4 and report["max_rate"]["chunks_per_s"] > 0
+    bad = bench("calibrate", "--concurrency", "0")
+    assert bad.returncode == 2 and "concurrencies must be positive" in bad.stderr

@@ -66,6 +66,18 @@ def test_run_directory_contract(mock: ServerProcess, tmp_path: Path) -> None:
     point = json.loads((run_dir / "points" / "c0004.json").read_text())
     assert (point["label"], point["max_concurrency"], point["request_rate"]) == ("c0004", 4, "inf")
     assert point["completed"] == 8 and point["failed"] == 0 and point["slo_attainment"] == 1.0
+    for name in (  # the results contract: vLLM's field names
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "request_goodput",
+    ):
+        assert isinstance(point[name], float | int) and point[name] > 0, name
+    assert point["request_throughput"] == pytest.approx(point["completed"] / point["duration"])
+    assert "mean_queued_ttft_ms" in point and "p99.9_queued_e2el_ms" in point  # closed loop: sends wait on the cap
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", "p50", "p99.9"):
             assert isinstance(point[f"{stat}_{metric}_ms"], float)
