@@ -137,6 +137,21 @@ def test_sharegpt_measures_with_the_target_tokenizer(tmp_path):
         load_sharegpt_json(path, None)
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ('[{"conversations": [', "", "invalid JSON: .* at line 1"),
+        ('{"conversations": []}', "", "expected a JSON list of conversations"),
+        ('[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt"}]}]', ": row 1", "string 'value'"),
+        ('[{"conversations": []}, {"conversations": ["hi", "there"]}]', ": row 2", "first two turns must be objects"),
+    ],
+)
+def test_sharegpt_rejects_malformed_files(tmp_path, text, where, problem):
+    path = write(tmp_path, "bad.json", text)
+    with pytest.raises(WorkloadFormatError, match=problem) as error:
+        load_sharegpt_json(path, tokenizer=object())  # rejected before any text is measured
+    assert str(error.value).startswith(f"{path}{where}: ")
+
 def test_generic_tables(tmp_path):
     csv_path = write(tmp_path, "t.csv", "input_len,output_len,timestamp\n10,5,100.5\n20,6,101\n")
     specs = load_table(csv_path)
