@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import sweep
 from sweep.calibrate import start_mock
-from sweep.launcher import free_port
+from sweep.launcher import free_port, launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,3 +159,12 @@ def test_calibrate_reports_added_latency_and_chunk_rate(tmp_path: Path) -> None:
     assert report["max_rate"]["concurrency"] == 4 and report["max_rate"]["chunks_per_s"] > 0
     bad = bench("calibrate", "--concurrency", "0")
     assert bad.returncode == 2 and "concurrencies must be positive" in bad.stderr
+
+
+def test_mock_server_command_serves_and_rejects_bad_timing(tmp_path: Path) -> None:
+    template = f"{shlex.quote(sys.executable)} -m cli mock-server --port {{port}} --ttft-ms 1 --itl-ms 1 --model m1"
+    with launch("m1", {}, tmp_path / "mock.log", template=template, health_timeout_s=60) as server:
+        models = json.loads(urllib.request.urlopen(server.url + "/models", timeout=5).read())
+        assert [m["id"] for m in models["data"]] == ["m1"]
+    bad = bench("mock-server", "--ttft-ms", "-1")
+    assert bad.returncode == 2 and "ttft_ms and itl_ms must be >= 0" in bad.stderr

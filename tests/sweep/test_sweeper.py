@@ -150,6 +150,8 @@ def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
     )
     search = json.loads((run_dir / "search.json").read_text())
     assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004"]
+    assert search["bracket"][0] == 4 and [p["value"] for p in search["probes"]] == [1, 2, 4]  # bracket and probes
+    assert all(p["passed"] and p["attainment"] == 1.0 for p in search["probes"])
     assert len(sweep.load_results(run_dir).points) == 3
 
 
