@@ -5,7 +5,7 @@
     specs = workloads.load("sharegpt", num_requests=500, seed=1, max_model_len=2048)   # fitted, see report
     report = workloads.last_fit_report()
     offsets = workloads.arrivals.gamma(rate=4.0, burstiness=0.5, num_requests=500, seed=1)
-    prompts = workloads.synthesize(specs, tokenizer, endpoint="chat")   # exact input_len tokens each
+    prompts = workloads.synthesize(specs, tokenizer, endpoint="chat")   # exact input_len tokens each (*)
     workloads.fidelity(specs, realised_in, realised_out, intended, actual)
 
 Names for load(): the shipped mixes (workloads.list_workloads()), "fixed", "random" (vLLM --random-range-ratio
@@ -22,6 +22,9 @@ Shipped mixes: all rows of Azure 2023 code/conv, Mooncake conversation (hash ids
 the LMSYS sample (620 KB in all), plus servegen-deepseek-r1, a marginal quantile table (resolution 1/1000) with
 ServeGen's per-window aggregate rate curve (feed it to arrivals.rate_curve). Rebuild them with
 `python -m workloads.derive --raw-dir ../shared/workloads/raw` (or the user's own download).
+
+(*) Except below the chat template's own length (30 tokens for SmolLM2): such a request is clamped to the
+shortest possible prompt, and its extra["requested_input_len"] keeps the spec's length (too_short="error" raises).
 
 Sampling a mix: num_requests=None returns every row in trace order (a quantile table: one request per level).
 num_requests <= rows draws a seeded random subset without replacement, kept in trace order (a thinned trace:

@@ -150,8 +150,8 @@ def synthesize(
 
     block_size is the tokens per hash id for specs that do not say (spec.prefix_block_size; Mooncake says 512).
     A target below the endpoint's fixed overhead (the chat template's own tokens, e.g. 30 for SmolLM2) cannot be
-    met: too_short="clamp" sends the shortest possible prompt and records it (prompt.input_len is the realised
-    count, extra["requested_input_len"] the spec's), too_short="error" raises ValueError.
+    met: too_short="clamp" (the default) sends the shortest possible prompt and records it (prompt.input_len is
+    the realised count, extra["requested_input_len"] the spec's), too_short="error" raises ValueError.
     show_progress draws a rich progress bar over the first (largest) measuring pass.
     """
     if endpoint not in ENDPOINTS:
