@@ -196,3 +196,14 @@ def test_fit_report_lands_in_fidelity(mock: ServerProcess, tmp_path: Path) -> No
     point = json.loads((run_dir / "points" / "c0002.json").read_text())
     assert point["fidelity"]["fit"]["policy"] == "clip" and point["fidelity"]["fit"]["changed"] == 4
     assert point["total_input_tokens"] + point["total_output_tokens"] <= 4 * 64  # every request fits the context
+
+
+def test_a_trace_file_workload(mock: ServerProcess, tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("input_len,output_len,timestamp\n12,3,0.0\n20,5,0.5\n31,2,1.25\n")
+    workload = WorkloadConfig(workload=str(trace), seed=3)
+    run_dir = run_sweep(config(mock, tmp_path / "trace", values=[2], workload=workload, num_prompts=6, num_warmups=0))
+    requests = sweep.load_results(run_dir).requests
+    assert len(requests) == 6 and requests["success"].all()
+    pairs = set(zip(requests["requested_input_len"], requests["requested_output_len"], strict=True))
+    assert pairs <= {(12, 3), (20, 5), (31, 2)}  # the lengths come from the trace file
