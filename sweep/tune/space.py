@@ -70,7 +70,6 @@ class Knob:
     high: float | None = None
     log: bool = False
     step: float | None = None
-    flag: str | None = None  # the `bench serve` flag; default `--<name with dashes>`
     requires_field: str | None = None  # declared only when the engine config has this field
     # Drops, in place, the values the device/workload cannot use; returns a message saying what and why, or None.
     device_filter: Callable[[Knob, DeviceInfo], str | None] | None = None
@@ -87,10 +86,6 @@ class Knob:
             raise SpaceError(f"knob {self.name}: needs low <= high, got low={self.low} high={self.high}")
         elif self.log and self.low <= 0:
             raise SpaceError(f"knob {self.name}: a log range needs low > 0, got {self.low}")
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
 
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.kind in ("bool", "categorical"):
@@ -237,7 +232,7 @@ def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, sp
     if spec is None:  # removed from the space: the engine default applies
         knobs.pop(name, None)
     elif isinstance(spec, dict):
-        allowed = {"kind", "choices", "low", "high", "log", "step", "flag"}
+        allowed = {"kind", "choices", "low", "high", "log", "step"}
         if unknown := set(spec) - allowed - {"fixed"}:
             raise SpaceError(f"space file: knob {name}: unknown setting(s) {sorted(unknown)}; use {sorted(allowed)}")
         if "fixed" in spec:
@@ -258,7 +253,7 @@ def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, sp
             settings.update(low=None, high=None)
         elif {"low", "high"} & set(settings):
             settings["choices"] = None
-        keep = {} if base is None else {k: getattr(base, k) for k in ("choices", "low", "high", "log", "step", "flag")}
+        keep = {} if base is None else {k: getattr(base, k) for k in ("choices", "low", "high", "log", "step")}
         keep.update(settings)
         knobs[name] = Knob(name, kind, device_filter=base.device_filter if base else None, **keep)
     else:  # a bare value pins the knob
@@ -297,45 +292,30 @@ def build_space(dev: DeviceInfo, space_file: str | Path | None = None) -> Search
     return SearchSpace(knobs=searched, fixed=fixed, notes=notes)
 
 
-def serve_args(knobs: dict[str, Any], space: SearchSpace | None = None) -> list[str]:
-    """The `bench serve` flags for a configuration (None values mean: engine default, no flag)."""
-    flags = {k.name: k.cli_flag for k in space.knobs} if space else {}
-    args: list[str] = []
-    for name, value in knobs.items():
-        if value is None:
-            continue
-        flag = flags.get(name) or "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
-        else:
-            args += [flag, str(value)]
-    return args
-
-
 def serve_command(model: str, knobs: dict[str, Any], extra: Sequence[str] = ()) -> str:
-    return shlex.join(["bench", "serve", model, *serve_args(knobs), *extra])
+    """The `bench serve` command for a configuration, with the flags the tuner launched it with."""
+    from sweep.launcher import knob_flags
+
+    return shlex.join(["bench", "serve", model, *knob_flags(knobs), *extra])
 
 
-def fill_template(template: str, model: str, knobs: dict[str, Any], port: int | None = None,
-                  host: str | None = None) -> str:
+def fill_template(template: str, model: str, knobs: dict[str, Any], port: int = 8000, host: str = "127.0.0.1") -> str:
     """Fill an external launch template such as `vllm serve {model} --max-num-seqs {max_num_seqs}`.
 
-    `{name}` is a knob's value (booleans: `true`/`false`), `{name_flag}` its vLLM-style flag (`--max-num-seqs 8`,
-    `--enable-prefix-caching`, `--no-enable-prefix-caching`), `{knob_flags}` every knob's flag, `{port}` the port the
-    tuner chose, `{host}` its address. Unknown placeholders are an error.
+    The sweep launcher's `template_command` fills `{model}`, `{host}`, `{port}` and `{name}` (a knob's value;
+    booleans `true`/`false`); the tuner adds `{name_flag}`, the knob's vLLM-style flag (`--max-num-seqs 8`,
+    `--enable-prefix-caching`, `--no-enable-prefix-caching`), and `{knob_flags}`, every knob's flag. A knob left
+    at the engine default (None) fills as nothing. Unknown placeholders are an error.
     """
-    values: dict[str, Any] = {"model": model, "knob_flags": shlex.join(serve_args(knobs))}
-    if port is not None:
-        values["port"] = port
-    if host is not None:
-        values["host"] = host
-    for name, value in knobs.items():
-        values[name] = ("true" if value else "false") if isinstance(value, bool) else ("" if value is None else value)
-        values[f"{name}_flag"] = shlex.join(serve_args({name: value}))
+    from sweep.launcher import knob_flags, template_command
+
+    values: dict[str, Any] = {name: "" if value is None else value for name, value in knobs.items()}
+    values |= {f"{name}_flag": shlex.join(knob_flags({name: value})) for name, value in knobs.items()}
+    values["knob_flags"] = shlex.join(knob_flags(knobs))
     try:
-        return template.format(**values)
-    except KeyError as err:
+        return shlex.join(template_command(template, model, host, port, values))
+    except ValueError as err:
         raise SpaceError(
-            f"launch template uses {{{err.args[0]}}}, which is neither the model, host, port nor a knob in the space "
-            f"({', '.join(sorted(values))})"
+            f"{err}; a template may use the model, host, port and each knob in the space as {{name}} or "
+            f"{{name_flag}}, and {{knob_flags}} ({', '.join(sorted(values))})"
         ) from err

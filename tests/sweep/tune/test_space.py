@@ -7,6 +7,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from sweep.launcher import knob_flags, template_command
 from sweep.tune.space import (
     DeviceInfo,
     SpaceError,
@@ -14,7 +15,6 @@ from sweep.tune.space import (
     engine_knob_names,
     fill_template,
     known_constraint_violation,
-    serve_args,
     serve_command,
 )
 
@@ -94,11 +94,16 @@ def test_known_constraints() -> None:
 
 def test_serve_command_and_templates() -> None:
     knobs = {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True, "max_model_len": None}
-    assert serve_args(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
-    assert shlex.split(serve_command("tiny-random", knobs))[:3] == ["bench", "serve", "tiny-random"]
+    flags = ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
+    assert shlex.split(serve_command("tiny-random", knobs)) == ["bench", "serve", "tiny-random", *flags]
+    assert knob_flags(knobs) == flags  # the flags a trial's built-in engine is launched with
     filled = fill_template("vllm serve {model} --port {port} --max-num-seqs {max_num_seqs} "
                            "{enable_prefix_caching_flag}", "m", knobs, port=9)
     assert filled == "vllm serve m --port 9 --max-num-seqs 8 --no-enable-prefix-caching"
     assert fill_template("x {knob_flags}", "m", {"block_size": 16}) == "x --block-size 16"
     with pytest.raises(SpaceError, match="max_num_sequences"):
         fill_template("vllm serve {model} --max-num-seqs {max_num_sequences}", "m", knobs)
+    plain = "vllm serve {model} --host {host} --port {port} --max-num-seqs {max_num_seqs} --pc {enable_prefix_caching}"
+    launched = template_command(plain, "m", "h", 5, knobs)
+    assert shlex.split(fill_template(plain, "m", knobs, port=5, host="h")) == launched
+    assert fill_template("x --len {max_model_len}", "m", knobs) == "x --len"  # engine default: nothing

@@ -176,8 +176,12 @@ def test_a_shipped_mix_tunes_without_length_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--workload", "lmsys", "--input-len", "100"], "takes no length options"),
     (["--workload", "no-such-mix"], "unknown workload 'no-such-mix'"),
+    (["--launch-command", "vllm serve {model} --port {port} --max-num-seqs {max_num_sequences}"],
+     "max_num_sequences"),
 ])
-def test_a_bad_workload_is_one_clear_error_before_any_trial(tmp_path: Path, flags: list[str], message: str) -> None:
+def test_a_bad_workload_or_template_is_one_clear_error_before_any_trial(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
     done = subprocess.run([BENCH, "tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir",
                            str(tmp_path / "study"), *flags], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
