@@ -30,9 +30,13 @@ class LiveServer:
     def descendants(self) -> list[int]:
         return _descendants(self.process.pid)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0, whole_group: bool = False) -> int:
+        """Signal the server (whole_group: its process group too, as Ctrl-C in a terminal does) and wait."""
         if self.process.poll() is None:
-            self.process.send_signal(sig)
+            if whole_group:
+                os.killpg(self.process.pid, sig)
+            else:
+                self.process.send_signal(sig)
         return self.process.wait(timeout=timeout)
 
 
@@ -63,11 +67,12 @@ def knob_flags(knobs: dict[str, object]) -> list[str]:
     return [item for name, value in knobs.items() for item in (f"--{name.replace('_', '-')}", str(value))]
 
 
-def start_server(*extra: str, timeout: float = 600.0) -> LiveServer:
+def start_server(*extra: str, timeout: float = 600.0, own_group: bool = False) -> LiveServer:
+    """own_group: the server leads its own process group (so a test can signal the group like a terminal)."""
     command = [sys.executable, "-m", "cli", "serve", "--model", MODEL, "--port", "0", *knob_flags(ENGINE_KNOBS), *extra]
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=own_group,
     )  # fmt: skip
     server = LiveServer(process)
     ready = threading.Event()

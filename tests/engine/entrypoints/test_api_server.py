@@ -112,6 +112,17 @@ def test_continuous_usage_stats(client: openai.OpenAI) -> None:
     assert len({c.usage.prompt_tokens for c in chunks}) == 1
 
 
+def test_continuous_usage_stats_in_chat_streams(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=4,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                       stream_options={"include_usage": True, "continuous_usage_stats": True})
+    )  # fmt: skip
+    # the role chunk (no token yet), one chunk per token, then the final usage chunk
+    assert [c.usage.completion_tokens for c in chunks] == [0, 1, 2, 3, 4, 4]
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1 and chunks[-1].choices == []
+
+
 def test_chat_whole_and_streamed(server: LiveServer, client: openai.OpenAI) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=8, temperature=0,
@@ -191,6 +202,10 @@ def test_greedy_http_equals_offline_llm(client: openai.OpenAI) -> None:
     for choice, output in zip(http, offline, strict=True):
         assert choice.text == output.outputs[0].text
         assert choice.finish_reason == output.outputs[0].finish_reason
+    for output in offline:  # the same prompts sent as token ids
+        by_ids = client.completions.create(model=MODEL, prompt=output.prompt_token_ids, max_tokens=12, temperature=0)
+        assert by_ids.choices[0].text == output.outputs[0].text
+        assert by_ids.usage.prompt_tokens == len(output.prompt_token_ids)
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -223,6 +238,43 @@ def test_error_cases(server: LiveServer, path: str, body: dict[str, Any], status
     assert code == status
     assert set(answer["error"]) == {"message", "type", "param", "code"}
     assert answer["error"]["param"] == param and answer["error"]["message"]
+
+
+def test_bad_requests_never_disturb_a_stream_in_flight(server: LiveServer, client: openai.OpenAI) -> None:
+    body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    url = server.url + "/v1/completions"
+
+    async def bad(session: aiohttp.ClientSession, path: str, bad_body: dict[str, Any]) -> int:
+        async with session.post(server.url + path, json={"model": MODEL, **bad_body}, headers=auth) as response:
+            await response.read()
+            return response.status
+
+    async def malformed(session: aiohttp.ClientSession) -> int:
+        async with session.post(url, data=b'{"prompt": ', headers=auth) as response:
+            return response.status
+
+    async def run() -> tuple[list[int], str, int]:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json={**body, "stream": True}, headers=auth) as response:
+                texts: list[str] = []
+                statuses: list[int] = []
+                async for line in response.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    chunk = json.loads(line.removeprefix(b"data: "))
+                    texts.append(chunk["choices"][0]["text"])
+                    if len(texts) == 1:  # the stream is running: fire every bad request at once
+                        statuses = await asyncio.gather(
+                            *(bad(session, path, bad_body) for path, bad_body, _, _ in ERROR_CASES), malformed(session)
+                        )
+                return statuses, "".join(texts), len(texts)
+
+    statuses, text, num_chunks = asyncio.run(run())  # one chunk per token
+    assert statuses == [status for _, _, status, _ in ERROR_CASES] + [400]
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=200, temperature=0,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    assert num_chunks == 200 and text == whole.choices[0].text
 
 
 def test_transport_level_errors(server: LiveServer) -> None:
@@ -338,8 +390,12 @@ def _stream_lines(url: str, body: dict[str, Any], first_chunk: threading.Event, 
     first_chunk.set()
 
 
-def test_sigterm_ends_streams_and_leaves_no_orphans() -> None:
-    live = start_server("--shutdown-timeout", "0.5")
+@pytest.mark.parametrize(
+    ("sig", "whole_group"),
+    [pytest.param(signal.SIGTERM, False, id="sigterm"), pytest.param(signal.SIGINT, True, id="ctrl-c-to-the-group")],
+)
+def test_signal_ends_streams_and_leaves_no_orphans(sig: int, whole_group: bool) -> None:
+    live = start_server("--shutdown-timeout", "0.5", own_group=whole_group)
     children = live.descendants()
     engine_pids = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(engine_pids) == 1, "the engine runs in one child process"
@@ -348,7 +404,7 @@ def test_sigterm_ends_streams_and_leaves_no_orphans() -> None:
     reader = threading.Thread(target=_stream_lines, args=(live.url, body, first_chunk, lines))
     reader.start()
     assert first_chunk.wait(120)
-    assert live.stop(signal.SIGTERM, timeout=60) == 0
+    assert live.stop(sig, timeout=60, whole_group=whole_group) == 0
     reader.join(60)
     assert not reader.is_alive()
     assert lines[-1] == b"data: [DONE]"
