@@ -30,3 +30,10 @@ def test_executes(name, monkeypatch, fixtures_dir):
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert any(o.output_type == "display_data" for c in book.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_sweep_analysis_loads_through_the_results_contract():
+    """The results contract's public entry point is `sweep.load_results`; the notebook shows users that import."""
+    book = nbformat.read(NOTEBOOKS / "01_sweep_analysis.ipynb", as_version=4)
+    imports = [line for c in book.cells if c.cell_type == "code" for line in c.source.splitlines() if "import" in line]
+    assert "from sweep import load_results" in imports
