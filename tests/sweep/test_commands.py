@@ -135,6 +135,9 @@ def test_resume_and_client_procs_flags(tmp_path: Path) -> None:
         assert again.returncode == 2 and "--resume" in again.stderr  # a run is never overwritten
         resumed = bench(*common, "--concurrency", "2,4", "--resume")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
+    shown = resumed.stdout + resumed.stderr
+    assert "c0002: already measured, kept" in shown and "TTFT p50" in shown  # the kept point, then a table row
+    assert any(line.split()[:3] == ["c0004", "4", "0"] for line in shown.splitlines())  # label, done, failed
     assert (out / "points" / "c0002.json").read_bytes() == finished  # the finished point was not repeated
     results = sweep.load_results(out)
     assert list(results.points["label"]) == ["c0002", "c0004"] and list(results.points["completed"]) == [4, 4]
