@@ -295,6 +295,14 @@ def test_transport_level_errors(server: LiveServer) -> None:
     assert wait_until(lambda: metric(server, "vllm:num_requests_running") == 0)
 
 
+def test_startup_line_names_model_kv_capacity_and_url(server: LiveServer) -> None:
+    startup = [line for line in server.log if line.startswith("Serving ")]
+    assert len(startup) == 1
+    blocks = ENGINE_KNOBS["num_gpu_blocks_override"]
+    assert f"Serving {MODEL} " in startup[0] and f"KV cache {blocks} blocks x 16 = {blocks * 16} tokens" in startup[0]
+    assert startup[0].rstrip().endswith(f"at {server.url}") and server.url.startswith("http://127.0.0.1:")
+
+
 def test_other_routes(server: LiveServer) -> None:
     request = urllib.request.Request(server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(request) as response:
