@@ -74,3 +74,28 @@ def test_bad_input_ends_with_a_message_not_a_traceback(tmp_path: Path) -> None:
     args = ["throughput", "--model", "tiny-random", "--max-model-len", "99999", "--num-prompts", "1"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "context length" in result.output
+
+
+def test_engine_knobs_use_vllm_flag_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.benchmarks import throughput
+    from engine.config import EngineConfig
+
+    seen: dict[str, object] = {}
+
+    def fake_run_engine(model: str, requests: list, knobs: dict[str, object]) -> object:
+        seen.update(knobs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(throughput, "run_engine", fake_run_engine)
+    args = ["throughput", "--model", "tiny-random", "--num-prompts", "1", "--input-len", "4", "--output-len", "2"]
+    args += ["--dtype", "float32", "--device", "cpu", "--max-model-len", "64", "--max-num-seqs", "3",
+             "--max-num-batched-tokens", "48", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+             "--block-size", "32", "--gpu-memory-utilization", "0.5", "--num-gpu-blocks-override", "20", "--seed", "4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "stop here" in result.output
+    assert seen == {
+        "dtype": "float32", "device": "cpu", "max_model_len": 64, "max_num_seqs": 3, "max_num_batched_tokens": 48,
+        "enable_prefix_caching": False, "enable_chunked_prefill": True, "block_size": 32,
+        "gpu_memory_utilization": 0.5, "num_gpu_blocks_override": 20, "seed": 4,
+    }  # fmt: skip
+    EngineConfig.from_kwargs(model="tiny-random", **seen)  # type: ignore[arg-type]
