@@ -67,10 +67,14 @@ def update_baseline(store: Path, candidate: Path, note: str | None = None) -> di
     return manifest
 
 
+def has_baseline(store: Path) -> bool:
+    return (Path(store) / RUN_SUBDIR).exists()
+
+
 def baseline_run_dir(store: Path) -> Path:
     """The blessed run inside a store (RunInputError when the store holds none)."""
     run_dir = Path(store) / RUN_SUBDIR
-    if not run_dir.exists():
+    if not has_baseline(store):
         raise RunInputError(
             f"{store}: no blessed baseline; record one with `bench gate --update-baseline --baseline-store {store} "
             "--candidate RUN_DIR`"

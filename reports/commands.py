@@ -51,6 +51,15 @@ def report(
     typer.echo(f"wrote {path} and {out_dir / 'report.md'}")
 
 
+def _write_first_run_note(store: Path, candidate: Path, run_id: str, markdown: Path | None) -> None:
+    note = (f"### bench gate: no baseline yet\n\n`{store}` held no blessed run, so nothing was compared: "
+            f"`{candidate}` (run_id `{run_id}`) is now the baseline, and later runs are gated against it.\n")
+    typer.echo(note)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(note)
+
+
 def gate(
     candidate: Path = typer.Option(..., help="The run under test (run directory or importable result)."),
     baseline: Path | None = typer.Option(None, help="The reference run; or use --baseline-store."),
@@ -73,12 +82,24 @@ def gate(
     seed: int = typer.Option(0, help="Bootstrap seed."),
     junit_xml: Path | None = typer.Option(None, help="Write JUnit XML (one test case per metric and point)."),
     markdown: Path | None = typer.Option(None, help="Also write the Markdown table here (for a PR comment)."),
-    note: str | None = typer.Option(None, help="With --update-baseline: a note stored in the manifest."),
+    note: str | None = typer.Option(None, help="When blessing: a note stored in the manifest."),
+    bless_if_missing: bool = typer.Option(
+        False, "--bless-if-missing", help="With --baseline-store: when the store holds no baseline yet (a first CI "
+        "run), bless --candidate, say so, and pass instead of exit 2."
+    ),
 ) -> None:
     """Compare a candidate run with a baseline: exit 0 pass, 1 significant regression, 2 unusable input."""
-    from reports.baseline import baseline_run_dir
+    from reports.baseline import baseline_run_dir, has_baseline
     from reports.baseline import update_baseline as bless
-    from reports.gate import GateConfig, GateInputError, parse_threshold, run_gate, to_markdown, write_junit
+    from reports.gate import (
+        GateConfig,
+        GateInputError,
+        parse_metric,
+        parse_threshold,
+        run_gate,
+        to_markdown,
+        write_junit,
+    )
     from reports.importers import RunInputError, load_run
 
     try:
@@ -90,7 +111,8 @@ def gate(
             raise typer.Exit(GATE_EXIT_PASS)
         if (baseline is None) == (baseline_store is None):
             _error("give exactly one of --baseline RUN_DIR or --baseline-store DIR")
-        base_path = baseline if baseline is not None else baseline_run_dir(baseline_store)
+        if bless_if_missing and baseline_store is None:
+            _error("--bless-if-missing needs --baseline-store DIR")
         config = GateConfig(
             metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
             max_regression=parse_threshold(max_regression),
@@ -104,6 +126,13 @@ def gate(
             _error("--metric is empty")
         if not 0 < alpha < 1:
             _error("--alpha must be between 0 and 1")
+        for spec in config.metrics:  # a typo in the flags fails now, not first on the run after a blessing
+            parse_metric(spec)
+        if bless_if_missing and not has_baseline(baseline_store):
+            manifest = bless(baseline_store, candidate, note)
+            _write_first_run_note(baseline_store, candidate, manifest["run_id"], markdown)
+            raise typer.Exit(GATE_EXIT_PASS)
+        base_path = baseline if baseline is not None else baseline_run_dir(baseline_store)
         base_run, cand_run = load_run(base_path), load_run(candidate)
         result = run_gate(base_run, cand_run, config)
     except (RunInputError, GateInputError, ValueError) as exc:

@@ -171,6 +171,49 @@ def test_example_workflow_uses_real_flags():
     assert used - options["sweep"] <= options["gate"]
 
 
+def _workflow_pr_gate_args(store: Path, candidate: Path, out: Path) -> list[str]:
+    """The example workflow's pull-request gate command, with its paths pointed at test directories."""
+    import shlex
+
+    import yaml
+
+    from reports.gate import __file__ as gate_file
+
+    workflow = yaml.safe_load((Path(gate_file).parents[1] / "docs" / "gate-github-actions.yml").read_text())
+    step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("id") == "gate")
+    line = next(line for line in step["run"].replace("\\\n", " ").splitlines() if ".venv/bin/bench gate" in line)
+    line = line.replace("$GATE_FLAGS", workflow["env"]["GATE_FLAGS"]).replace("results/sweep", str(candidate))
+    line = line.replace("perf-baseline", str(store)).replace("results/", f"{out}/")
+    return shlex.split(line.split(".venv/bin/bench ", 1)[1])
+
+
+def test_example_workflows_first_pull_request_blesses_and_passes_then_later_ones_are_gated(tmp_path):
+    runner = CliRunner()
+    store, out = tmp_path / "perf-baseline", tmp_path / "results"
+    base = synthetic_run_dir(tmp_path / "base", seed=4, num_prompts=60)
+    first = runner.invoke(app, _workflow_pr_gate_args(store, base, out))
+    assert first.exit_code == 0, first.output
+    assert "no baseline yet" in (out / "gate.md").read_text() and "nothing was compared" in first.output
+    assert json.loads((store / "baseline.json").read_text())["points"][0] == "c0001"
+    slow = synthetic_run_dir(tmp_path / "slow", seed=5, num_prompts=60, tpot_scale=1.25)
+    later = runner.invoke(app, _workflow_pr_gate_args(store, slow, out))
+    assert later.exit_code == 1, later.output
+    assert (out / "gate.md").read_text().startswith("### bench gate: FAIL") and (out / "gate.xml").exists()
+    assert len((store / "history.jsonl").read_text().splitlines()) == 1  # a gated run is never blessed
+
+
+@pytest.mark.parametrize("flags", [["--metric", "goodput_p50"], ["--alpha", "2"]])
+def test_bless_if_missing_refuses_bad_flags_before_blessing(tmp_path, fixture_run, flags):
+    store = tmp_path / "store"
+    result = CliRunner().invoke(app, ["gate", "--baseline-store", str(store), "--candidate", str(fixture_run),
+                                      "--bless-if-missing", *flags])
+    assert result.exit_code == 2, result.output
+    assert not store.exists()
+    result = CliRunner().invoke(app, ["gate", "--baseline", str(fixture_run), "--candidate", str(fixture_run),
+                                      "--bless-if-missing"])
+    assert result.exit_code == 2 and "needs --baseline-store" in result.output
+
+
 def test_failure_rate():
     base_rate, cand_rate, diff, low, high, p = compare_failures(0, 20, 5, 20, alpha=0.05)
     assert (base_rate, cand_rate, diff) == (0.0, 0.25, 0.25)
