@@ -181,3 +181,13 @@ def test_a_study_refuses_a_changed_search_space(tmp_path: Path) -> None:
     space.knobs.pop()
     with pytest.raises(ValueError, match="searches"):
         check_space_matches(study, space)
+
+
+def test_progress_shows_trials_done_the_best_so_far_and_time_left(tmp_path: Path, capsys) -> None:
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "progress", spec, seed=0, info={})
+    study.enqueue_trial({"max_num_seqs": 4, "block_size": 16, "enable_prefix_caching": True})
+    run_study(study, TuneObjective(small_space(tmp_path), spec, FakeBackend(capacity), tmp_path), 3, None)
+    shown = " ".join(capsys.readouterr().out.split())
+    best = best_trials(study)[0]
+    assert "3/3" in shown and f"best {best.values[0]:.4g} (#{best.number})" in shown and "~0s left" in shown
