@@ -171,6 +171,9 @@ def test_a_shipped_mix_tunes_without_length_options(tmp_path: Path) -> None:
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["metrics"]["completed"] == 3
     config = json.loads((Path(trial.user_attrs["run_dir"]) / "repeat0" / "config.json").read_text())
     assert config["workload"]["workload"] == "lmsys"
+    (best,) = json.loads((out / "best.json").read_text())  # the best trial's sweep report, linked from the page
+    assert Path(best["sweep_report"]).name == "report.html" and Path(best["sweep_report"]).stat().st_size > 1000
+    assert best["sweep_report"] in (out / "tune_report.html").read_text()
 
 
 @pytest.mark.parametrize(("flags", "message"), [
