@@ -191,3 +191,21 @@ def test_progress_shows_trials_done_the_best_so_far_and_time_left(tmp_path: Path
     shown = " ".join(capsys.readouterr().out.split())
     best = best_trials(study)[0]
     assert "3/3" in shown and f"best {best.values[0]:.4g} (#{best.number})" in shown and "~0s left" in shown
+
+
+def test_timeout_stops_starting_trials(tmp_path: Path) -> None:
+    class SlowBackend(FakeBackend):
+        @contextlib.contextmanager
+        def launch(self, knobs: dict, trial_dir: Path):
+            import time
+
+            time.sleep(0.2)  # each trial takes at least this long: 100 trials would take 20 s
+            with super().launch(knobs, trial_dir) as for_repeat:
+                yield for_repeat
+
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "timeout", spec, seed=0, info={})
+    run_study(study, TuneObjective(small_space(tmp_path), spec, SlowBackend(capacity), tmp_path), 100, 0.5,
+              show_progress=False)
+    trials = study.get_trials()
+    assert 1 <= len(trials) < 100 and all(t.state != TrialState.RUNNING for t in trials)
