@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import synthetic_run, synthetic_run_dir
+from synthetic_runs import synthetic_run, synthetic_run_dir
 from typer.testing import CliRunner
 
 from cli import app
