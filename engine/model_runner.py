@@ -84,6 +84,9 @@ class ModelRunner:
         self.vocab_size = self.arch.vocab_size
         self.eos_token_ids = self._eos_token_ids()
         torch.manual_seed(mc.seed)
+        # On the CPU, gpu_memory_utilization is a fraction of the RAM available before the weights load, so
+        # it covers weights + activations + KV cache as on a GPU.
+        self._mem_available_before_weights = _mem_available_bytes() if self.device.type == "cpu" else 0
         self.model, _, _ = load_model(str(self.model_path), self.dtype, self.device, max_position=self.max_model_len)
         arch = self.arch
         self.attn_backend = get_attention_backend(attention_backend)(
@@ -145,7 +148,9 @@ class ModelRunner:
             peak = torch.cuda.max_memory_allocated(self.device)
             held_by_others = total - free - torch.cuda.memory_reserved(self.device)
             return int(total * utilization - peak - held_by_others)
-        return int(_mem_available_bytes() * utilization - self._cpu_activation_bytes())
+        before = self._mem_available_before_weights
+        weights_and_runtime = max(before - _mem_available_bytes(), 0)
+        return int(before * utilization - weights_and_runtime - self._cpu_activation_bytes())
 
     def _cpu_activation_bytes(self) -> int:
         arch, sc = self.arch, self.config.scheduler_config

@@ -146,3 +146,12 @@ def test_kv_cache_too_small_for_one_sequence_is_a_clear_error() -> None:
 def test_max_model_len_beyond_the_model_is_rejected() -> None:
     with pytest.raises(ConfigError, match="context length"):
         ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=10**6))
+
+
+def test_cpu_memory_fraction_covers_weights_activations_and_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    gib = 2**30
+    available = iter([8 * gib, 7 * gib])  # before the weights load, then after (1 GiB went to weights)
+    monkeypatch.setattr("engine.model_runner._mem_available_bytes", lambda: next(available))
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", gpu_memory_utilization=0.5))
+    expected = 0.5 * 8 * gib - 1 * gib - runner._cpu_activation_bytes()
+    assert runner._kv_budget_bytes() == int(expected)
