@@ -7,7 +7,17 @@ from pathlib import Path
 
 import typer
 
-ENGINE_PANEL = "Built-in engine (no --url)"
+from engine.cli_options import (
+    ENGINE_PANEL,
+    BlockSize,
+    Dtype,
+    EnableChunkedPrefill,
+    EnablePrefixCaching,
+    GpuMemoryUtilization,
+    MaxNumBatchedTokens,
+    MaxNumSeqs,
+)
+
 LOAD_PANEL = "Load"
 WORKLOAD_PANEL = "Workload"
 
@@ -96,17 +106,13 @@ def sweep(
     max_model_len: int | None = typer.Option(
         None, help="Fit the workload to this context (and the engine knob).", rich_help_panel=ENGINE_PANEL
     ),
-    max_num_seqs: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
-    max_num_batched_tokens: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
-    enable_prefix_caching: bool | None = typer.Option(
-        None, "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=ENGINE_PANEL
-    ),
-    enable_chunked_prefill: bool | None = typer.Option(
-        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=ENGINE_PANEL
-    ),
-    block_size: int | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
-    dtype: str | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
-    gpu_memory_utilization: float | None = typer.Option(None, rich_help_panel=ENGINE_PANEL),
+    max_num_seqs: MaxNumSeqs = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    enable_prefix_caching: EnablePrefixCaching = None,
+    enable_chunked_prefill: EnableChunkedPrefill = None,
+    block_size: BlockSize = None,
+    dtype: Dtype = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
     output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
     client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),

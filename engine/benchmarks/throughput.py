@@ -29,6 +29,18 @@ from typing import Any
 
 import typer
 
+from engine.cli_options import (
+    BlockSize,
+    Device,
+    EnableChunkedPrefill,
+    EnablePrefixCaching,
+    GpuMemoryUtilization,
+    MaxModelLen,
+    MaxNumBatchedTokens,
+    MaxNumSeqs,
+    NumGpuBlocksOverride,
+)
+
 
 @dataclass
 class BenchRequest:
@@ -212,19 +224,15 @@ def throughput(
     output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
     hf_batch_size: int = typer.Option(32, help="Static batch size of --backend hf."),
     dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
-    device: str | None = typer.Option(None, help="auto | cpu | cuda (engine backend)"),
-    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
-    max_num_seqs: int | None = typer.Option(None, help="Most requests in one batch."),
-    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one engine step."),
-    enable_prefix_caching: bool | None = typer.Option(
-        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prefixes."
-    ),
-    enable_chunked_prefill: bool | None = typer.Option(
-        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps."
-    ),
-    block_size: int | None = typer.Option(None, help="Tokens per KV block."),
-    gpu_memory_utilization: float | None = typer.Option(None, help="Memory fraction (CPU: of available RAM)."),
-    num_gpu_blocks_override: int | None = typer.Option(None, help="KV-cache size in blocks."),
+    device: Device = None,
+    max_model_len: MaxModelLen = None,
+    max_num_seqs: MaxNumSeqs = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    enable_prefix_caching: EnablePrefixCaching = None,
+    enable_chunked_prefill: EnableChunkedPrefill = None,
+    block_size: BlockSize = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
+    num_gpu_blocks_override: NumGpuBlocksOverride = None,
 ) -> None:
     """Offline throughput of the engine or of HF transformers, vLLM `bench throughput` style."""
     if backend not in ("engine", "hf"):

@@ -8,6 +8,19 @@ from typing import Any
 
 import typer
 
+from engine.cli_options import (
+    BlockSize,
+    Device,
+    Dtype,
+    EnableChunkedPrefill,
+    EnablePrefixCaching,
+    GpuMemoryUtilization,
+    MaxModelLen,
+    MaxNumBatchedTokens,
+    MaxNumSeqs,
+    NumGpuBlocksOverride,
+)
+
 logger = logging.getLogger("servelab.server")
 
 
@@ -21,22 +34,16 @@ def serve(
     ),
     served_model_name: str | None = typer.Option(None, help="Model name the API answers to (default: --model)."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer to use instead of the model's own."),
-    dtype: str | None = typer.Option(None, help="auto | float32 | bfloat16 | float16"),
-    device: str | None = typer.Option(None, help="auto | cpu | cuda"),
-    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's)."),
-    gpu_memory_utilization: float | None = typer.Option(
-        None, help="Memory fraction for weights + activations + KV cache (CPU: of available RAM)."
-    ),
-    num_gpu_blocks_override: int | None = typer.Option(None, help="KV-cache size in blocks (skips memory sizing)."),
-    max_num_seqs: int | None = typer.Option(None, help="Most requests in one batch."),
-    max_num_batched_tokens: int | None = typer.Option(None, help="Token budget of one engine step."),
-    enable_prefix_caching: bool | None = typer.Option(
-        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prefixes."
-    ),
-    enable_chunked_prefill: bool | None = typer.Option(
-        None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps."
-    ),
-    block_size: int | None = typer.Option(None, help="Tokens per KV block."),
+    dtype: Dtype = None,
+    device: Device = None,
+    max_model_len: MaxModelLen = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
+    num_gpu_blocks_override: NumGpuBlocksOverride = None,
+    max_num_seqs: MaxNumSeqs = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    enable_prefix_caching: EnablePrefixCaching = None,
+    enable_chunked_prefill: EnableChunkedPrefill = None,
+    block_size: BlockSize = None,
     seed: int | None = typer.Option(None, help="Engine seed."),
     max_request_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body accepted (413 above)."),
     shutdown_timeout: float = typer.Option(5.0, help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."),
