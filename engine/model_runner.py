@@ -25,7 +25,8 @@ import torch
 
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
-from engine.model_loader import load_hf_config, load_model, resolve_model
+from engine.model_files import load_hf_config, resolve_model
+from engine.model_loader import load_model
 from engine.models import ArchConfig
 from engine.request import Request
 from engine.scheduler_output import SchedulerOutput

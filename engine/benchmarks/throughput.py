@@ -173,7 +173,7 @@ def run_hf(model: str, requests: list[BenchRequest], dtype_name: str, batch_size
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM
 
-    from engine.model_loader import load_hf_config, resolve_model
+    from engine.model_files import load_hf_config, resolve_model
     from engine.model_runner import resolve_device, resolve_dtype
     from engine.models import ArchConfig
 
@@ -239,7 +239,7 @@ def throughput(
         raise typer.BadParameter(f"--backend must be engine or hf, got {backend!r}")
     if num_prompts < 1 or hf_batch_size < 1:
         raise typer.BadParameter("--num-prompts and --hf-batch-size must be >= 1")
-    from engine.model_loader import load_hf_config, resolve_model
+    from engine.model_files import load_hf_config, resolve_model
     from engine.models import ArchConfig
     from engine.tokenizer import get_tokenizer
 
@@ -295,7 +295,7 @@ def prepare_model(
     model: str = typer.Argument("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
 ) -> None:
     """Resolve a model, convert/cache its weights and tokenizer, and print where they are."""
-    from engine.model_loader import resolve_model
+    from engine.model_files import resolve_model
     from engine.tokenizer import get_tokenizer
 
     with _clean_errors():
@@ -324,7 +324,7 @@ def _engine_logs() -> Iterator[None]:
 def _clean_errors() -> Iterator[None]:
     """Bad input (a missing model, an impossible knob) ends the command with its message, not a traceback."""
     from engine.config import ConfigError
-    from engine.tokenizer import ModelNotFoundError
+    from engine.model_files import ModelNotFoundError
 
     try:
         yield

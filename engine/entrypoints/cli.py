@@ -86,7 +86,8 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
     from engine.entrypoints.api_server import Server, ServerConfig, bind_socket, serve
     from engine.entrypoints.engine_client import EngineClient, EngineStartupError
     from engine.entrypoints.metrics import ServerMetrics
-    from engine.tokenizer import ModelNotFoundError, get_tokenizer
+    from engine.model_files import ModelNotFoundError
+    from engine.tokenizer import get_tokenizer
 
     try:
         config = EngineConfig.from_kwargs(**knobs)

@@ -13,7 +13,7 @@ import typer
 
 def _model_max_len(model: str) -> int | None:
     try:
-        from engine.model_loader import load_hf_config, resolve_model
+        from engine.model_files import load_hf_config, resolve_model
 
         return int(load_hf_config(resolve_model(model)).get("max_position_embeddings") or 0) or None
     except Exception:  # an external engine's model we cannot open here: no context-length filter

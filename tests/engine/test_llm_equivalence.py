@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.model_loader import resolve_model
+from engine.model_files import resolve_model
 from engine.tokenizer import get_tokenizer
 
 SHARED_PREFIX = (

@@ -9,17 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.model_loader import (
+from engine.model_files import (
     TINY_RANDOM_CONFIG,
+    ModelNotFoundError,
     _reverse_rope_permute,
     gguf_to_hf,
-    load_model,
     materialize_random_model,
     materialize_tiny_random,
     random_state_dict,
     resolve_model,
+    smollm2_gguf_path,
 )
-from engine.tokenizer import ModelNotFoundError, smollm2_gguf_path
+from engine.model_loader import load_model
 
 
 def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from engine.benchmarks.throughput import model_flops
-from engine.model_loader import TINY_RANDOM_CONFIG
+from engine.model_files import TINY_RANDOM_CONFIG
 from engine.models import ArchConfig
 
 FIELDS = (

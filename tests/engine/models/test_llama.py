@@ -10,9 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
-from engine.model_loader import TINY_RANDOM_CONFIG, materialize_random_model
+from engine.model_files import TINY_RANDOM_CONFIG, materialize_random_model, smollm2_gguf_path
 from engine.model_runner import ModelRunner
-from engine.tokenizer import smollm2_gguf_path
 
 
 def our_logits(model: str, input_ids: list[int]) -> torch.Tensor:
@@ -43,7 +42,7 @@ def prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
 
 
 def test_tiny_random_matches_hf() -> None:
-    from engine.model_loader import materialize_tiny_random
+    from engine.model_files import materialize_tiny_random
 
     path = materialize_tiny_random()
     ids = prompt(40, TINY_RANDOM_CONFIG["vocab_size"])
@@ -94,7 +93,7 @@ def test_smollm2_gguf_matches_transformers_gguf_loading() -> None:
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from engine.model_loader import resolve_model
+    from engine.model_files import resolve_model
 
     gguf = smollm2_gguf_path()
     reference_model = AutoModelForCausalLM.from_config(
