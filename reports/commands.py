@@ -30,7 +30,7 @@ def report(
     from rich.progress import Progress
 
     from reports.importers import RunInputError
-    from reports.metrics import parse_slo
+    from reports.recompute import parse_slo
     from reports.render import render_report
 
     try:

@@ -23,7 +23,7 @@ from statistics import NormalDist
 import numpy as np
 
 from reports.importers import RunData
-from reports.metrics import LATENCY_METRICS, pooled_itl_ms, request_latencies
+from reports.recompute import LATENCY_METRICS, pooled_itl_ms, request_latencies
 
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
 # precisely so reruns do not share a warm prefix cache.

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.metrics import DEFAULT_PERCENTILES, normalize_slo, point_metrics
+from reports.recompute import DEFAULT_PERCENTILES, normalize_slo, point_metrics
 
 
 class RunInputError(ValueError):

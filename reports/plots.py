@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from reports.importers import RunData  # noqa: E402
-from reports.metrics import percentile_key, request_latencies, ttft_decomposition  # noqa: E402
+from reports.recompute import percentile_key, request_latencies, ttft_decomposition  # noqa: E402
 
 LINESTYLES = ("-", "--", ":", "-.")
 DEFAULT_ATTAINMENT_GOAL = 0.9
@@ -100,7 +100,7 @@ def goodput_vs_load(
         axes[1].plot(*_xy(run, "slo_attainment"), "-o", ms=3, color=_colour(i), label=run.name)
     axes[1].axhline(goal, color="red", lw=1, ls="--", label=f"attainment goal {goal:.0%}")
     axes[1].set_ylim(-0.02, 1.02)
-    from reports.metrics import format_slo
+    from reports.recompute import format_slo
 
     axes[0].set(title=f"goodput (SLO: {format_slo(slo)})", xlabel=_load_label(runs), ylabel="requests/s")
     axes[1].set(title="SLO attainment (failures count as misses)", xlabel=_load_label(runs), ylabel="good / all")

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reports.importers import RunData, RunInputError, load_runs
-from reports.metrics import format_slo, normalize_slo, with_slo
+from reports.recompute import format_slo, normalize_slo, with_slo
 from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table
 
 

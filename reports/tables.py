@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from reports.importers import RunData
-from reports.metrics import percentile_key, ttft_decomposition
+from reports.recompute import percentile_key, ttft_decomposition
 
 
 def point_table(run: RunData) -> pd.DataFrame:

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from sweep.client import ClientConfig, PromptRequest, RequestRecord, count_tokens, make_session
+from sweep.benchmark_metrics import request_tpot
+from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session
 from sweep.launcher import ServerProcess, free_port
-from sweep.metrics import request_tpot
+from sweep.records import RequestRecord
 from sweep.runner import PointSpec, dispatch
 
 

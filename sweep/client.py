@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from sweep.records import RequestRecord
 
 READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
 SESSION_TIMEOUT_S = 6 * 3600
@@ -47,50 +49,6 @@ class PromptRequest:
     input_len: int  # requested (workload) lengths
     output_len: int
     intended_send_time: float = 0.0  # absolute perf_counter seconds
-
-
-@dataclass
-class RequestRecord:
-    """Everything measured for one request; field names are the results contract's."""
-
-    index: int
-    requested_input_len: int
-    requested_output_len: int
-    intended_send_time: float
-    send_time: float = 0.0
-    success: bool = False
-    error: str | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    end_time: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
-    prompt_tokens: int | None = None  # usage, else the client's count
-    output_tokens: int | None = None  # usage, else the client's count
-    usage_prompt_tokens: int | None = None
-    usage_output_tokens: int | None = None
-    client_prompt_tokens: int | None = None
-    client_output_tokens: int | None = None
-    server_timing: dict | None = None
-    generated_text: str = ""  # kept in memory for re-tokenising, not written
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.send_time
-
-    @property
-    def e2el(self) -> float | None:
-        return None if self.last_token_time is None else self.last_token_time - self.send_time
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times[:-1], self.chunk_times[1:], strict=True)]
-
-    def to_row(self, label: str) -> dict[str, Any]:
-        row = asdict(self)
-        del row["generated_text"], row["usage_prompt_tokens"], row["usage_output_tokens"]
-        row.update(label=label, ttft=self.ttft, e2el=self.e2el, itl=self.itl)
-        return row
 
 
 class SSEParser:

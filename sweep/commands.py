@@ -125,7 +125,7 @@ def sweep(
     ),
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
-    from sweep.metrics import parse_slo
+    from sweep.benchmark_metrics import parse_slo
 
     _interrupt_on_sigterm()
     from sweep.runner import WorkloadConfig

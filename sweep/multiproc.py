@@ -15,7 +15,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from sweep.client import ClientConfig, PromptRequest, RequestRecord, make_session
+from sweep.client import ClientConfig, PromptRequest, make_session
+from sweep.records import RequestRecord
 from sweep.runner import PointSpec, dispatch, preconnect, reset_prefix_cache
 
 READY_TIMEOUT_S = 120.0

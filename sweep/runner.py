@@ -21,7 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from sweep.client import ClientConfig, PromptRequest, RequestRecord, count_tokens, make_session, send_request
+from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
+from sweep.records import RequestRecord
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
 

@@ -26,9 +26,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweep import results
-from sweep.client import ClientConfig, RequestRecord
+from sweep.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.client import ClientConfig
 from sweep.launcher import ServerProcess, launch
-from sweep.metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.records import RequestRecord
 from sweep.runner import PointRun, PointSpec, WorkloadConfig, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, max_load_under_slo
 

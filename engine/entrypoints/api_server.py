@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.entrypoints.engine_client import EngineClient, engine_dead_error
-from engine.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
+from engine.entrypoints.prometheus import CONTENT_TYPE, ServerMetrics
 from engine.entrypoints.protocol import ApiError, bad_request, parse_chat_request, parse_completion_request
 from engine.entrypoints.serving_chat import OpenAIServingChat
 from engine.entrypoints.serving_completions import OpenAIServingCompletion

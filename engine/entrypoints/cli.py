@@ -85,7 +85,7 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
     from engine.config import ConfigError, EngineConfig
     from engine.entrypoints.api_server import Server, ServerConfig, bind_socket, serve
     from engine.entrypoints.engine_client import EngineClient, EngineStartupError
-    from engine.entrypoints.metrics import ServerMetrics
+    from engine.entrypoints.prometheus import ServerMetrics
     from engine.model_files import ModelNotFoundError
     from engine.tokenizer import get_tokenizer
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.entrypoints.engine_process import EngineInfo, run_engine_core
-from engine.entrypoints.metrics import ServerMetrics
+from engine.entrypoints.prometheus import ServerMetrics
 from engine.entrypoints.protocol import ApiError
 from engine.outputs import EngineCoreOutput, SchedulerStats
 from engine.request import Request, RequestTiming

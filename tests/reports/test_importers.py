@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reports.importers import RunInputError, load_run, load_runs, point_label
-from reports.metrics import request_latencies
+from reports.recompute import request_latencies
 
 VLLM_FIELDS = ("median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms", "median_itl_ms", "p99_e2el_ms")
 
@@ -38,7 +38,7 @@ def test_vllm_result_recomputes_to_vllms_own_figures(fixtures_dir):
     rows = run.requests
     assert len(rows) == len(data["ttfts"]) and rows["success"].sum() == data["completed"]
     assert rows.loc[~rows["success"], "error"].tolist() == ["Bad Request"]
-    from reports.metrics import point_metrics
+    from reports.recompute import point_metrics
 
     recomputed = point_metrics(rows, data["duration"], (50, 90, 99))
     for field in VLLM_FIELDS:

@@ -170,7 +170,7 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
 
 
 def test_client_fidelity_audits_token_counts() -> None:
-    from sweep.client import RequestRecord
+    from sweep.records import RequestRecord
     from sweep.runner import PointRun, PointSpec
     from sweep.sweeper import client_fidelity
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sweep.client import RequestRecord
+from sweep.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from engine.entrypoints.engine_client import RequestStream
-from engine.entrypoints.metrics import ServerMetrics
+from engine.entrypoints.prometheus import ServerMetrics
 from engine.outputs import SchedulerStats
 from engine.request import Request, RequestTiming
 from engine.sampling_params import SamplingParams

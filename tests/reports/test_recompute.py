@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from reports.importers import load_run
-from reports.metrics import good_mask, goodput, normalize_slo, parse_slo, point_metrics, request_latencies, with_slo
+from reports.recompute import good_mask, goodput, normalize_slo, parse_slo, point_metrics, request_latencies, with_slo
 
 
 def _row(index, ok, send, first=None, chunks=(), out=0, prompt=10, intended=None):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sweep.client import RequestRecord
-from sweep.metrics import calculate_metrics, parse_slo, percentile_name
+from sweep.benchmark_metrics import calculate_metrics, parse_slo, percentile_name
+from sweep.records import RequestRecord
 
 
 def record(

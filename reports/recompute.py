@@ -1,7 +1,7 @@
 """Point metrics recomputed from stored per-request rows, through the sweep's own vLLM-exact functions.
 
 Reports and the gate work on DataFrames (`requests.jsonl` rows, or imported vLLM / GuideLLM data); this
-module turns rows back into `sweep.client.RequestRecord`s and calls `sweep.metrics` (vLLM's
+module turns rows back into `sweep.records.RequestRecord`s and calls `sweep.benchmark_metrics` (vLLM's
 `calculate_metrics`, `is_good`, `request_tpot`), so re-evaluating a run under another SLO gives exactly the
 numbers `bench sweep` would have written. Nothing is rerun.
 """
@@ -15,10 +15,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sweep.client import RequestRecord
-from sweep.metrics import DEFAULT_PERCENTILES, SLO_KEYS, calculate_metrics, is_good, percentile_name, request_tpot
-from sweep.metrics import parse_slo as parse_slo  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
-from sweep.metrics import ttft_decomposition as record_ttft_decomposition
+from sweep.benchmark_metrics import (
+    DEFAULT_PERCENTILES,
+    SLO_KEYS,
+    calculate_metrics,
+    is_good,
+    percentile_name,
+    request_tpot,
+)
+from sweep.benchmark_metrics import parse_slo as parse_slo  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
+from sweep.benchmark_metrics import ttft_decomposition as record_ttft_decomposition
+from sweep.records import RequestRecord
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 percentile_key = percentile_name
@@ -138,7 +145,7 @@ def point_metrics(
     percentiles: Iterable[float] = DEFAULT_PERCENTILES,
     slo: Mapping[str, float] | None = None,
 ) -> dict[str, float | int | None]:
-    """One point's vLLM result fields from its per-request rows (`sweep.metrics.calculate_metrics`)."""
+    """One point's vLLM result fields from its per-request rows (`sweep.benchmark_metrics.calculate_metrics`)."""
     records = records_from_rows(rows)
     queue_inclusive = bool(records) and all(r.intended_send_time is not None for r in records)
     return calculate_metrics(records, duration, tuple(percentiles), normalize_slo(slo), queue_inclusive)
