@@ -3,8 +3,9 @@
 Invariants:
 - a request's block table only grows while it runs; it is released whole (tail first) on finish/preemption;
 - block i of a request holds the KV of token positions [i*block_size, (i+1)*block_size);
-- a block enters the prefix cache only once all its tokens' KV has been computed (after the step that
-  wrote them), so a hit never reads KV that a forward pass has yet to write.
+- a block enters the prefix cache once a scheduled step is about to write KV for all its tokens, and only for
+  known tokens (never drafts); a hit in that same step reads the block after each layer's KV write, since
+  attention backends write a layer's new KV before that layer attends.
 """
 
 from __future__ import annotations
@@ -94,13 +95,12 @@ class KVCacheManager:
             self.num_cached_blocks[request.request_id] = max(num_cached, len(hits))
         return new_blocks
 
-    def cache_blocks(self, request: Request) -> None:
-        """Register the request's blocks that became full of computed KV (call after num_computed_tokens
-        has been advanced past a step)."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's blocks that are full once its first `num_tokens` known tokens have KV."""
         if not self.enable_caching:
             return
         request_id = request.request_id
-        num_full = request.num_computed_tokens // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         start = self.num_cached_blocks.get(request_id, 0)
         if num_full <= start:
             return

@@ -56,6 +56,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens whose KV is in the cache; the scheduler advances it, preemption resets it to 0.
     num_computed_tokens: int = 0
+    # Draft tokens proposed for the next step (speculative decoding); the scheduler moves them onto the step's
+    # ScheduledRequest, so they are never part of all_token_ids until the target accepts them.
+    spec_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     timing: RequestTiming = field(default_factory=RequestTiming)

@@ -4,8 +4,13 @@ Order: grammar bitmask → raw logprobs (if asked) → min_tokens → penalties 
 → min_p → top-k/top-p → random sample. Logprobs are taken from the raw (bitmask-only) logits, as vLLM
 does by default.
 
-Per-request seeds: a seeded request owns a torch.Generator, advanced by exactly two uniforms per sampled
-token, so its samples do not depend on which requests share its batch.
+Rows: one per logits row, so a request that verifies k drafts has k + 1 consecutive rows; row j sees the
+request's drafts before it as output tokens (penalties, min_tokens).
+
+Per-request seeds: a seeded request owns a torch.Generator, advanced by exactly two uniforms per logits row of
+that request, rows in position order (2 * (k + 1) in a step with k drafts), whether or not the row's token is
+kept. Its samples therefore depend on its own tokens and drafts only, never on which requests share its batch;
+unseeded rows draw from the engine-wide generator.
 """
 
 from __future__ import annotations
@@ -56,8 +61,14 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device,
         generators: dict[str, torch.Generator],
+        draft_prefixes: Sequence[list[int]] | None = None,
     ) -> SamplingMetadata:
-        """`generators` maps request id → its Generator; missing ones for seeded requests are created."""
+        """Row i samples for `requests[i]` after its drafts `draft_prefixes[i]` (default: none).
+
+        `generators` maps request id → its Generator; missing ones for seeded requests are created.
+        """
+        prefixes = draft_prefixes if draft_prefixes is not None else [[]] * len(requests)
+        outputs = [r.output_token_ids + p if p else r.output_token_ids for r, p in zip(requests, prefixes, strict=True)]
         params = [request.sampling_params for request in requests]
         greedy = [p.is_greedy for p in params]
 
@@ -87,14 +98,14 @@ class SamplingMetadata:
             metadata.generators[row] = generators[request.request_id]
         if any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty for p in params):
             metadata.prompt_token_ids = _pad([r.prompt_token_ids for r in requests], vocab_size, device)
-            metadata.output_token_ids = _pad([r.output_token_ids for r in requests], vocab_size, device)
+            metadata.output_token_ids = _pad(outputs, vocab_size, device)
             metadata.repetition_penalties = column([p.repetition_penalty for p in params], torch.float32)
             metadata.frequency_penalties = column([p.frequency_penalty for p in params], torch.float32)
             metadata.presence_penalties = column([p.presence_penalty for p in params], torch.float32)
         rows, token_ids = [], []
         for row, request in enumerate(requests):
             p = request.sampling_params
-            if request.num_output_tokens >= p.min_tokens:
+            if len(outputs[row]) >= p.min_tokens:
                 continue
             banned = set(p.stop_token_ids)
             if not p.ignore_eos and request.eos_token_id is not None:

@@ -3,9 +3,10 @@
 Each request only knows how many of its tokens have KV in the cache (num_computed_tokens); a step gives
 every request the tokens it still lacks, within max_num_batched_tokens and max_num_seqs. Decodes,
 continuing prefill chunks and fresh prompts therefore share one batch. Running requests go first, then
-waiting ones in arrival order. When the KV pool runs dry, the most recently admitted running request is
-preempted by recompute: its blocks are freed (their cached prefixes usually make the re-prefill cheap)
-and it goes back to the front of the queue.
+waiting ones in arrival order. A running request whose known tokens all fit also gets its draft tokens
+(`Request.spec_token_ids`) scheduled behind them, with KV slots reserved for each. When the KV pool runs
+dry, the most recently admitted running request is preempted by recompute: its blocks are freed (their
+cached prefixes usually make the re-prefill cheap) and it goes back to the front of the queue.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.block_pool import KVCacheBlock
+from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.outputs import EngineCoreOutput, Logprob, SchedulerStats
 from engine.request import Request, RequestStatus
@@ -22,18 +24,15 @@ from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
-    def __init__(
-        self,
-        scheduler_config: SchedulerConfig,
-        cache_config: CacheConfig,
-        max_model_len: int,
-        num_gpu_blocks: int,
-    ) -> None:
-        self.scheduler_config = scheduler_config
-        self.max_model_len = max_model_len
-        self.block_size = cache_config.block_size
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int) -> None:
+        max_model_len = config.model_config.max_model_len
+        if max_model_len is None:
+            raise ValueError("the scheduler needs a resolved max_model_len (build the config with from_kwargs)")
+        self.scheduler_config = config.scheduler_config
+        self.max_model_len: int = max_model_len
+        self.block_size = config.cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            num_gpu_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_gpu_blocks, config.cache_config.block_size, config.cache_config.enable_prefix_caching
         )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()
@@ -99,16 +98,17 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.scheduler_config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[tuple[Request, int, list[int]]] = []  # (request, known tokens, drafts)
         preempted: list[Request] = []
 
-        # Running requests first: decodes (1 token) and continuing prefill chunks.
+        # Running requests first: decodes (1 token, + drafts) and continuing prefill chunks.
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
             assert num_new_tokens > 0, f"running request {request.request_id} has nothing to compute"
-            while self.kv_cache_manager.allocate_slots(request, num_new_tokens) is None:
+            drafts = self._drafts_within_limits(request, num_new_tokens, budget)
+            while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
                 # Victims come from the tail, past `index`, so none of them was scheduled yet this step.
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -117,8 +117,8 @@ class Scheduler:
                     break
             if request.status != RequestStatus.RUNNING:
                 break
-            scheduled.append((request, num_new_tokens))
-            budget -= num_new_tokens
+            scheduled.append((request, num_new_tokens, drafts))
+            budget -= num_new_tokens + len(drafts)
             index += 1
 
         # Then waiting requests, first come first served; none after a preemption (the pool is tight).
@@ -132,24 +132,29 @@ class Scheduler:
             if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > budget:
                 break
             num_new_tokens = min(num_new_tokens, budget)
-            if self.kv_cache_manager.allocate_slots(request, num_new_tokens, hit_blocks, num_hit_tokens) is None:
+            if not self._allocate(request, num_new_tokens, hit_blocks, num_hit_tokens):
                 break
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit_tokens
             if request.timing.first_scheduled_time is None:
                 request.timing.first_scheduled_time = now
                 request.timing.num_cached_tokens = num_hit_tokens
-            scheduled.append((request, num_new_tokens))
+            scheduled.append((request, num_new_tokens, []))
             budget -= num_new_tokens
 
         output = SchedulerOutput(
             scheduled=[
-                ScheduledRequest(request, n, self.kv_cache_manager.get_block_ids(request.request_id))
-                for request, n in scheduled
+                ScheduledRequest(
+                    request,
+                    num_new_tokens + len(drafts),
+                    self.kv_cache_manager.get_block_ids(request.request_id),
+                    sample=request.num_computed_tokens + num_new_tokens >= request.num_tokens,
+                    spec_token_ids=drafts,
+                )
+                for request, num_new_tokens, drafts in scheduled
             ],
-            total_num_scheduled_tokens=sum(n for _, n in scheduled),
+            total_num_scheduled_tokens=sum(n + len(drafts) for _, n, drafts in scheduled),
             preempted_request_ids=[request.request_id for request in preempted],
             finished_request_ids=sorted(self.finished_req_ids),
         )
@@ -162,21 +167,32 @@ class Scheduler:
         sampled_token_ids: list[list[int]],
         logprobs: list[list[list[Logprob]] | None] | None = None,
     ) -> list[EngineCoreOutput]:
-        """Apply one executed step: advance num_computed_tokens, append the sampled tokens, finish requests.
+        """Apply one executed step: advance num_computed_tokens, append the accepted tokens, finish requests.
 
         `sampled_token_ids[i]` (and `logprobs[i]`, one entry per token) belong to
-        `scheduler_output.sampling_requests()[i]`. A list per request, so a speculative step's accepted
-        tokens fit; the rejected drafts' KV is then rolled back by advancing num_computed_tokens less.
+        `scheduler_output.sampling_requests()[i]`: the drafts the target accepted, in order, then the one token
+        the target chose after them (1 to 1 + len(spec_token_ids) tokens). num_computed_tokens advances by the
+        known tokens plus the accepted drafts only, so a rejected draft's KV slot lies past it, never enters the
+        prefix cache and is overwritten by the next step.
         """
-        sampling = scheduler_output.sampling_requests()  # must be read before num_computed_tokens moves
+        sampling = scheduler_output.sampling_requests()
         if len(sampled_token_ids) != len(sampling):
             raise ValueError(f"{len(sampled_token_ids)} sampled rows for {len(sampling)} sampling requests")
+        accepted = {id(s): tokens for s, tokens in zip(sampling, sampled_token_ids, strict=True)}
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             if request.is_finished:
                 continue
-            request.num_computed_tokens += scheduled.num_scheduled_tokens
-            self.kv_cache_manager.cache_blocks(request)
+            num_drafts = len(scheduled.spec_token_ids)
+            num_computed = scheduled.num_scheduled_tokens - num_drafts
+            if scheduled.sample:
+                num_accepted = len(accepted[id(scheduled)]) - 1
+                if not 0 <= num_accepted <= num_drafts:
+                    raise ValueError(
+                        f"request {request.request_id}: {num_accepted + 1} tokens for a step with {num_drafts} drafts"
+                    )
+                num_computed += num_accepted
+            request.num_computed_tokens += num_computed
 
         now = time.monotonic()
         outputs = []
@@ -190,6 +206,8 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
+            # Blocks filled by accepted drafts: the known tokens' blocks were registered at allocation.
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
             if request.timing.first_token_time is None:
                 request.timing.first_token_time = now
                 self.num_prompt_tokens += request.num_prompt_tokens
@@ -211,6 +229,40 @@ class Scheduler:
         return outputs
 
     # ---------------------------------------------------------------- internals
+
+    def _allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        hit_blocks: list[KVCacheBlock] | None = None,
+        num_hit_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+    ) -> bool:
+        """Reserve slots for `num_new_tokens` known tokens (after `num_hit_tokens` prefix hits) and the drafts.
+
+        The known tokens' full blocks enter the prefix cache now, as the step that computes them is planned: a
+        request admitted later in this same step may hit them, because every attention backend writes a layer's
+        new KV before that layer attends. Drafts never do: a rejected draft's KV is overwritten by the next step.
+        """
+        manager = self.kv_cache_manager
+        if manager.allocate_slots(request, num_new_tokens, hit_blocks, num_hit_tokens, num_lookahead_tokens) is None:
+            return False
+        request.num_computed_tokens += num_hit_tokens
+        manager.cache_blocks(request, request.num_computed_tokens + num_new_tokens)
+        return True
+
+    def _drafts_within_limits(self, request: Request, num_new_tokens: int, budget: int) -> list[int]:
+        """Take the request's drafts for this step, cut to the token budget, max_model_len and max_tokens.
+
+        Drafts only follow a request whose known tokens all run this step; the last draft's position stays below
+        the request's final length, so its KV slot lies inside the reservation add_request checked.
+        """
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not drafts or request.num_computed_tokens + num_new_tokens < request.num_tokens:
+            return []
+        final_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        room = min(budget - num_new_tokens, final_len - request.num_tokens - 1)
+        return drafts[: max(room, 0)]
 
     def _check_stop(self, request: Request) -> bool:
         """vLLM's finish rules, checked after each appended token."""

@@ -1,4 +1,12 @@
-"""The contract between the scheduler and the model runner for one engine step."""
+"""The contract between the scheduler and the model runner for one engine step.
+
+A scheduled request runs `num_scheduled_tokens` tokens: its known tokens
+all_token_ids[num_computed_tokens : num_computed_tokens + num_scheduled_tokens - len(spec_token_ids)], then its
+draft tokens, at consecutive positions; their KV goes to the slots of `block_ids`. When `sample` is set (the known
+tokens reach the end of the request's tokens) the runner returns 1 + len(spec_token_ids) logits rows for it: the
+last known token's row, then one row per draft. Row j scores the token that follows draft j-1, so the target's
+choice there accepts or rejects draft j.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +18,14 @@ from engine.request import Request
 @dataclass
 class ScheduledRequest:
     request: Request
-    # Tokens all_token_ids[num_computed_tokens : num_computed_tokens + num_scheduled_tokens]
-    # run this step, at those positions; their KV goes to the slots given by block_ids.
-    num_scheduled_tokens: int
+    num_scheduled_tokens: int  # known tokens + drafts
     block_ids: list[int]
+    sample: bool  # decided by the scheduler: a partial prefill chunk samples nothing
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_logits_rows(self) -> int:
+        return 1 + len(self.spec_token_ids) if self.sample else 0
 
 
 @dataclass
@@ -28,12 +40,5 @@ class SchedulerOutput:
         return not self.scheduled
 
     def sampling_requests(self) -> list[ScheduledRequest]:
-        """Requests whose scheduled tokens reach the end of their known tokens: they sample one token.
-
-        A partial prefill chunk samples nothing.
-        """
-        return [
-            s
-            for s in self.scheduled
-            if s.request.num_computed_tokens + s.num_scheduled_tokens >= s.request.num_tokens
-        ]
+        """The requests that sample this step, in batch order (the scheduler's `sample` flag)."""
+        return [s for s in self.scheduled if s.sample]

@@ -14,6 +14,10 @@ already in the layout the batched matmuls of SDPA want (no transposed copy of K/
   step in a padded "mirror" ([2, kv_heads, num_decodes, capacity, head_dim], a few blocks of headroom)
   and only appends the new token. Any change of the decode set, or outgrowing the headroom, rebuilds it
   with one gather; mirrors above MIRROR_BYTES_PER_LAYER fall back to gathering every step.
+* Several query tokens of a request with cached context (a verification step: the last token and its
+  drafts) run as a prefill chunk with context, never through the decode path; the request thereby leaves
+  the decode set, so the mirror is rebuilt from the cache when it decodes again and never holds the KV
+  of a rejected draft.
 * Prefill chunks run one SDPA call per sequence: with no cached context the fresh K/V and
   `is_causal=True`; with context (a later chunk or a prefix-cache hit) the sequence's gathered KV and
   a causal mask offset by the context length.
@@ -21,6 +25,7 @@ already in the layout the batched matmuls of SDPA want (no transposed copy of K/
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +35,12 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 
 MIRROR_BYTES_PER_LAYER = 32 * 2**20
 MIRROR_HEADROOM_BLOCKS = 4
+
+
+class DecodeMirror(enum.Enum):
+    OFF = "off"  # gather the decodes' KV from the cache every layer
+    REBUILD = "rebuild"  # gather it into a fresh mirror
+    APPEND = "append"  # the mirror holds last step's KV: write only the new token
 
 
 @dataclass
@@ -51,7 +62,7 @@ class TorchAttentionMetadata(AttentionMetadata):
     prefills: list[PrefillChunk] = field(default_factory=list)
     write_indices: torch.Tensor | None = None  # tokens whose slot is >= 0, when some are -1
     decode_kv_buffer: torch.Tensor | None = None  # the decodes' gathered K/V, allocated by the first layer
-    decode_mirror: str = "off"  # "off": gather each step; "rebuild": gather into the mirror; "append"
+    decode_mirror: DecodeMirror = DecodeMirror.OFF
     decode_positions: torch.Tensor | None = None  # [num_decodes] position of each decode token
 
 
@@ -62,7 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._mirror_blocks = 0  # capacity of the current mirrors in blocks per sequence; 0 = no valid mirror
         self._last_decodes: tuple[list[list[int]], list[int]] | None = None
 
-    def _plan_decode_mirror(self, tables: list[list[int]], lens: list[int]) -> str:
+    def _plan_decode_mirror(self, tables: list[list[int]], lens: list[int]) -> DecodeMirror:
         previous, self._last_decodes = self._last_decodes, (tables, lens)
         if (
             previous is not None
@@ -72,15 +83,15 @@ class TorchAttentionBackend(AttentionBackend):
             and all(n == p + 1 for n, p in zip(lens, previous[1], strict=True))
             and all(t[: len(p)] == p for t, p in zip(tables, previous[0], strict=True))
         ):
-            return "append"
+            return DecodeMirror.APPEND
         blocks = max(len(t) for t in tables) + MIRROR_HEADROOM_BLOCKS
         per_layer = 2 * self.num_kv_heads * len(tables) * blocks * self.block_size * self.head_dim * 4
         if per_layer > MIRROR_BYTES_PER_LAYER:
             self._mirror_blocks = 0
             self._mirror_storage.clear()
-            return "off"
+            return DecodeMirror.OFF
         self._mirror_blocks = blocks
-        return "rebuild"
+        return DecodeMirror.REBUILD
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
@@ -124,7 +135,7 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             max_blocks = max(len(t) for t in decode_tables)
             metadata.decode_mirror = self._plan_decode_mirror(decode_tables, decode_lens)
-            width = self._mirror_blocks if metadata.decode_mirror == "rebuild" else max_blocks
+            width = self._mirror_blocks if metadata.decode_mirror == DecodeMirror.REBUILD else max_blocks
             padded = [t + t[:1] * (width - len(t)) for t in decode_tables]  # pad with a written block
             lens = torch.tensor(decode_lens, device=device)
             metadata.decode_positions = lens - 1
@@ -179,7 +190,7 @@ class TorchAttentionBackend(AttentionBackend):
         """K and V of the decodes as [kv_heads, num_decodes, padded_len, head_dim] (padding masked later)."""
         n, kvh, bs, dim, ids = md.num_decodes, self.num_kv_heads, self.block_size, self.head_dim, md.decode_block_ids
         assert ids is not None
-        if md.decode_mirror == "off":  # one gather buffer per step, reused by every layer
+        if md.decode_mirror == DecodeMirror.OFF:  # one gather buffer per step, reused by every layer
             if md.decode_kv_buffer is None:
                 md.decode_kv_buffer = kv_cache.new_empty((2, kvh, ids.numel(), bs, dim))
             kv = torch.index_select(kv_cache, 2, ids, out=md.decode_kv_buffer).view(2, kvh, n, -1, dim)
@@ -187,7 +198,7 @@ class TorchAttentionBackend(AttentionBackend):
         shape = (2, kvh, n, self._mirror_blocks * bs, dim)
         needed = 2 * kvh * n * self._mirror_blocks * bs * dim
         storage = self._mirror_storage.get(kv_cache.data_ptr())
-        if md.decode_mirror == "rebuild":
+        if md.decode_mirror == DecodeMirror.REBUILD:
             if storage is None or storage.numel() < needed:
                 storage = self._mirror_storage[kv_cache.data_ptr()] = kv_cache.new_empty(needed)
             mirror = storage[:needed].view(shape)

@@ -1,9 +1,11 @@
 """KV cache manager: prefix hits, counters, allocation failure; block invariants under random traffic.
 
 The property test drives the real Scheduler with a fake model runner that stores, per KV slot, the token
-prefix whose KV it would hold. Every step it checks that each scheduled request's already-computed
-positions read exactly its own prefix (so a prefix-cache hit never reads stale or foreign KV), that writes
-never touch a cached or shared block, and that reference counts match the block tables.
+prefix whose KV it would hold, and proposes right and wrong drafts. Every step it checks that each scheduled
+request reads exactly its own prefix at every position (so a prefix-cache hit, even on a block computed in the
+same step, never reads stale, foreign or rejected-draft KV), that drafts are written only into the request's
+own uncached blocks, that reference counts match the block tables, and that the outputs equal the fake
+model's own continuation.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.engine_core import accept_drafts
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -31,7 +34,7 @@ def test_hits_are_whole_blocks_and_never_the_whole_prompt() -> None:
     assert kv.get_computed_blocks(first) == ([], 0)
     assert kv.allocate_slots(first, 8) is not None
     first.num_computed_tokens = 8
-    kv.cache_blocks(first)
+    kv.cache_blocks(first, 8)
 
     same = make_request("b", list(range(1, 9)))
     blocks, num_hit = kv.get_computed_blocks(same)
@@ -46,18 +49,17 @@ def test_hits_are_whole_blocks_and_never_the_whole_prompt() -> None:
     assert [b.ref_cnt for b in blocks] == [2, 2]
 
 
-def test_blocks_enter_the_cache_only_once_computed() -> None:
+def test_only_full_blocks_of_known_tokens_enter_the_cache() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=True)
     request = make_request("a", list(range(1, 11)))
-    kv.allocate_slots(request, 6)  # a 6-token chunk: one full block computed after the step
-    request.num_computed_tokens = 6
-    kv.cache_blocks(request)
+    kv.allocate_slots(request, 6)  # a 6-token chunk fills one block
+    kv.cache_blocks(request, 6)
     assert kv.get_computed_blocks(make_request("b", list(range(1, 11))))[1] == 4
-    kv.allocate_slots(request, 4)
-    assert kv.get_computed_blocks(make_request("c", list(range(1, 11))))[1] == 4  # 2nd block not computed yet
-    request.num_computed_tokens = 10
-    kv.cache_blocks(request)
-    assert kv.get_computed_blocks(make_request("d", list(range(1, 11))))[1] == 8
+    request.num_computed_tokens = 6
+    kv.allocate_slots(request, 4, num_lookahead_tokens=2)  # the prompt's rest and 2 drafts
+    kv.cache_blocks(request, 10 + 2)  # past the known tokens: only the known ones count
+    assert kv.get_computed_blocks(make_request("c", list(range(1, 11)) + [7, 7]))[1] == 8
+    assert len(kv.get_block_ids("a")) == 3  # the drafts' slots are reserved in a third block
 
 
 def test_allocation_failure_changes_nothing() -> None:
@@ -65,7 +67,7 @@ def test_allocation_failure_changes_nothing() -> None:
     holder = make_request("a", list(range(1, 9)))
     kv.allocate_slots(holder, 8)
     holder.num_computed_tokens = 8
-    kv.cache_blocks(holder)
+    kv.cache_blocks(holder, 8)
     kv.free(holder)  # 3 free blocks, 2 of them cached
     other = make_request("b", list(range(1, 9)) + [50] * 8)  # 16 tokens: 2 hits + 2 new blocks > 3 free
     blocks, num_hit = kv.get_computed_blocks(other)
@@ -81,7 +83,7 @@ def test_usage_and_reset() -> None:
     kv.allocate_slots(request, 8)
     assert kv.usage == 0.5
     request.num_computed_tokens = 8
-    kv.cache_blocks(request)
+    kv.cache_blocks(request, 8)
     assert kv.reset_prefix_cache() is False
     kv.free(request)
     assert kv.usage == 0.0 and kv.reset_prefix_cache() is True
@@ -117,19 +119,27 @@ class FakeRunner:
         return block_ids[position // self.block_size] * self.block_size + position % self.block_size
 
     def execute(self, output: SchedulerOutput, scheduler: Scheduler) -> list[list[int]]:
+        """Like an attention layer: every scheduled token's KV is written first, then every token reads its context
+        (a hit on a block another request computes in this same step reads it after the write)."""
         blocks = scheduler.kv_cache_manager.block_pool.blocks
         for s in output.scheduled:
-            tokens, computed = s.request.all_token_ids, s.request.num_computed_tokens
+            tokens, computed = s.request.all_token_ids + s.spec_token_ids, s.request.num_computed_tokens
             assert len(s.block_ids) * self.block_size >= computed + s.num_scheduled_tokens
-            for position in range(computed):
-                assert self.kv.get(self.slot(s.block_ids, position)) == tuple(tokens[: position + 1])
-        for s in output.scheduled:
-            tokens, computed = s.request.all_token_ids, s.request.num_computed_tokens
             for position in range(computed, computed + s.num_scheduled_tokens):
                 block = blocks[s.block_ids[position // self.block_size]]
-                assert block.block_hash is None and block.ref_cnt == 1, f"write into shared/cached {block}"
+                if position >= len(s.request.all_token_ids):
+                    assert block.ref_cnt == 1 and block.block_hash is None, f"a draft written into shared {block}"
                 self.kv[self.slot(s.block_ids, position)] = tuple(tokens[: position + 1])
-        return [[next_token(s.request.all_token_ids)] for s in output.sampling_requests()]
+        for s in output.scheduled:
+            tokens, computed = s.request.all_token_ids + s.spec_token_ids, s.request.num_computed_tokens
+            for position in range(computed + s.num_scheduled_tokens):
+                assert self.kv.get(self.slot(s.block_ids, position)) == tuple(tokens[: position + 1])
+        accepted = []
+        for s in output.sampling_requests():
+            tokens, drafts = s.request.all_token_ids, s.spec_token_ids
+            rows = [next_token(tokens + drafts[:j]) for j in range(len(drafts) + 1)]
+            accepted.append(accept_drafts(drafts, rows))
+        return accepted
 
 
 def check_block_invariants(scheduler: Scheduler) -> None:
@@ -160,11 +170,22 @@ add_op = st.tuples(
 )
 abort_op = st.tuples(st.just("abort"), st.integers(0, 50))
 step_op = st.tuples(st.just("step"), st.integers(1, 3))
+# Drafts for every running request's next step: `good` right ones (the fake model's continuation), then wrong ones.
+draft_op = st.tuples(st.just("draft"), st.integers(0, 4), st.integers(0, 4))
+
+
+def propose(request: Request, num_good: int, num_bad: int) -> list[int]:
+    tokens, drafts = list(request.all_token_ids), []
+    for index in range(num_good + num_bad):
+        token = next_token(tokens)
+        drafts.append(token if index < num_good else (token + 1) % 11)
+        tokens.append(drafts[-1])
+    return drafts
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    ops=st.lists(st.one_of(add_op, abort_op, step_op), min_size=1, max_size=40),
+    ops=st.lists(st.one_of(add_op, abort_op, step_op, draft_op), min_size=1, max_size=40),
     num_blocks=st.integers(4, 16),
     max_num_batched_tokens=st.integers(4, 40),
     max_num_seqs=st.integers(1, 6),
@@ -184,12 +205,12 @@ def test_block_invariants_under_random_traffic(
     block_size, max_model_len = 4, 32
     if not enable_chunked_prefill:
         max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-    scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill),
-        CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
-        max_model_len,
-        num_blocks,
+    config = EngineConfig(
+        model_config=ModelConfig(model="tiny-random", max_model_len=max_model_len),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
+        scheduler_config=SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill),
     )
+    scheduler = Scheduler(config, num_blocks)
     runner = FakeRunner(block_size)
     added: list[Request] = []
     outputs: dict[str, list[int]] = {}
@@ -200,8 +221,8 @@ def test_block_invariants_under_random_traffic(
         assert output.total_num_scheduled_tokens <= max_num_batched_tokens
         assert len(output.scheduled) <= max_num_seqs and len(scheduler.running) <= max_num_seqs
         if not enable_chunked_prefill:
-            assert all(s.request.num_computed_tokens + s.num_scheduled_tokens == s.request.num_tokens
-                       for s in output.scheduled)
+            assert all(s.request.num_computed_tokens + s.num_scheduled_tokens - len(s.spec_token_ids)
+                       == s.request.num_tokens for s in output.scheduled)
         for core_output in scheduler.update_from_output(output, runner.execute(output, scheduler)):
             outputs.setdefault(core_output.request_id, []).extend(core_output.new_token_ids)
         check_block_invariants(scheduler)
@@ -217,6 +238,9 @@ def test_block_invariants_under_random_traffic(
             except ValueError:
                 assert request.request_id not in scheduler.requests
                 aborted.add(request.request_id)
+        elif op[0] == "draft":
+            for request in scheduler.running:
+                request.spec_token_ids = propose(request, op[1], op[2])
         elif op[0] == "abort" and added:
             request_id = added[op[1] % len(added)].request_id
             if request_id in scheduler.requests:

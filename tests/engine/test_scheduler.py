@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.outputs import EngineCoreOutput
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -22,12 +22,12 @@ def make_scheduler(
     max_model_len: int = 64,
     enable_prefix_caching: bool = True,
 ) -> Scheduler:
-    return Scheduler(
-        SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill),
-        CacheConfig(block_size=4, enable_prefix_caching=enable_prefix_caching),
-        max_model_len,
-        num_blocks,
+    config = EngineConfig(
+        model_config=ModelConfig(model="tiny-random", max_model_len=max_model_len),
+        cache_config=CacheConfig(block_size=4, enable_prefix_caching=enable_prefix_caching),
+        scheduler_config=SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill),
     )
+    return Scheduler(config, num_blocks)
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int = 8, start: int = 10, **params: object) -> Request:
@@ -213,3 +213,103 @@ def test_abort_frees_blocks_at_once_running_or_waiting() -> None:
     assert [r.status for r in finished] == [RequestStatus.FINISHED_ABORTED] * 2
     assert scheduler.kv_cache_manager.num_free_blocks() == 8 and not scheduler.has_unfinished_requests()
     assert scheduler.schedule().is_empty
+
+
+# ------------------------------------------------------------------ the step contract: sampling rows and drafts
+
+
+def test_which_requests_sample_is_decided_once_by_the_scheduler() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=12)
+    scheduler.add_request(make_request("long", 10))
+    scheduler.add_request(make_request("short", 4, start=100))
+    output = scheduler.schedule()
+    assert [(s.request.request_id, s.sample) for s in output.scheduled] == [("long", True), ("short", False)]
+    scheduler.update_from_output(output, [[5]])
+    # num_computed_tokens moved: the flags, and so sampling_requests(), still describe the executed step.
+    assert [s.request.request_id for s in output.sampling_requests()] == ["long"]
+
+
+def test_drafts_are_scheduled_behind_the_known_token_with_their_kv_slots() -> None:
+    scheduler = make_scheduler(num_blocks=16)
+    request = make_request("a", 7, max_tokens=8)
+    scheduler.add_request(request)
+    run_step(scheduler)  # prefill: 7 prompt tokens, 1 output token
+    request.spec_token_ids = [6, 7, 8]
+    output = scheduler.schedule()
+    (scheduled,) = output.scheduled
+    assert (scheduled.num_scheduled_tokens, scheduled.spec_token_ids, scheduled.num_logits_rows) == (4, [6, 7, 8], 4)
+    assert request.spec_token_ids == []  # moved onto the step
+    assert len(scheduled.block_ids) * 4 >= 8 + 3  # slots for the known token at position 7 and drafts at 8..10
+    assert output.total_num_scheduled_tokens == 4
+
+
+def test_accepted_drafts_advance_num_computed_tokens_and_rejected_ones_never_enter_the_cache() -> None:
+    scheduler = make_scheduler(num_blocks=16)
+    request = make_request("a", 6, max_tokens=8)
+    scheduler.add_request(request)
+    run_step(scheduler, token=20)  # all tokens: 10..15, 20
+    request.spec_token_ids = [21, 22, 23]  # positions 7, 8, 9
+    output = scheduler.schedule()
+    # The target agreed with draft 21, chose 30 where 22 was drafted: 22 and 23 are rejected.
+    (core_output,) = scheduler.update_from_output(output, [[21, 30]])
+    assert core_output.new_token_ids == [21, 30]
+    assert request.output_token_ids == [20, 21, 30] and request.num_computed_tokens == 8  # 7 known + 1 accepted
+    # Block 1 (positions 4..7) is full of known tokens and cached; block 2 held the rejected drafts: not cached.
+    probe = make_request("probe", 12, start=10)
+    probe.prompt_token_ids = [10, 11, 12, 13, 14, 15, 20, 21, 22, 23, 99, 99]
+    assert scheduler.kv_cache_manager.get_computed_blocks(probe)[1] == 8
+    # The next step recomputes position 8 with the accepted token, overwriting the rejected draft's slot.
+    next_output = scheduler.schedule()
+    assert next_output.scheduled[0].num_scheduled_tokens == 1 and request.num_computed_tokens == 8
+
+
+def test_update_rejects_more_tokens_than_the_step_verified() -> None:
+    scheduler = make_scheduler()
+    request = make_request("a", 4)
+    scheduler.add_request(request)
+    run_step(scheduler)
+    request.spec_token_ids = [1]
+    output = scheduler.schedule()
+    with pytest.raises(ValueError, match="3 tokens for a step with 1 drafts"):
+        scheduler.update_from_output(output, [[1, 2, 3]])
+
+
+@pytest.mark.parametrize(
+    ("budget", "max_tokens", "max_model_len", "expected"),
+    [
+        (64, 16, 64, [1, 2, 3, 4]),
+        (3, 16, 64, [1, 2]),  # the token budget: 1 known token + 2 drafts
+        (64, 3, 64, [1]),  # max_tokens=3 after 1 output: the known token's successor + 1 draft, then the bonus
+        (64, 16, 7, [1]),  # max_model_len=7 after 4 prompt + 1 output tokens
+    ],
+)
+def test_drafts_are_cut_to_the_budget_max_tokens_and_max_model_len(
+    budget: int, max_tokens: int, max_model_len: int, expected: list[int]
+) -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=budget, max_model_len=max_model_len)
+    request = make_request("a", 4, max_tokens=max_tokens)
+    scheduler.add_request(request)
+    run_step(scheduler)
+    request.spec_token_ids = [1, 2, 3, 4]
+    assert scheduler.schedule().scheduled[0].spec_token_ids == expected
+
+
+def test_a_partial_prefill_chunk_gets_no_drafts() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=4)
+    request = make_request("a", 10)
+    scheduler.add_request(request)
+    run_step(scheduler)  # a 4-token chunk
+    request.spec_token_ids = [1, 2]
+    (scheduled,) = scheduler.schedule().scheduled
+    assert scheduled.spec_token_ids == [] and not scheduled.sample
+
+
+def test_requests_admitted_in_one_step_share_the_blocks_it_computes() -> None:
+    scheduler = make_scheduler(num_blocks=16)
+    for i in range(3):  # e.g. the n children of one prompt
+        scheduler.add_request(make_request(f"child{i}", 9))
+    output = scheduler.schedule()
+    assert plan(output) == {"child0": 9, "child1": 1, "child2": 1}
+    first_blocks = scheduler.kv_cache_manager.get_block_ids("child0")[:2]
+    assert all(scheduler.kv_cache_manager.get_block_ids(f"child{i}")[:2] == first_blocks for i in (1, 2))
+    assert scheduler.get_stats().prefix_cache_hits == 16

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.attention import TorchAttentionBackend
+from engine.attention.torch_backend import DecodeMirror
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, scale: float) -> torch.Tensor:
@@ -129,10 +130,10 @@ def test_many_decode_steps_through_the_mirror(mirror_budget: int, monkeypatch: p
             "blocks": [free.pop() for _ in range(-(-total // block_size))],
         })
     run_step(backend, cache, seqs, [0] * 3, prompts)
-    plans: list[str] = []
+    plans: list[DecodeMirror] = []
     plan = backend._plan_decode_mirror
 
-    def spy(tables: list[list[int]], lens: list[int]) -> str:
+    def spy(tables: list[list[int]], lens: list[int]) -> DecodeMirror:
         plans.append(plan(tables, lens))
         return plans[-1]
 
@@ -150,6 +151,53 @@ def test_many_decode_steps_through_the_mirror(mirror_budget: int, monkeypatch: p
             expected = dense_reference(q, k, v, start, scale)
             torch.testing.assert_close(out[row : row + 1], expected, atol=1e-5, rtol=1e-5)
     if mirror_budget:  # first step, headroom outgrown (step 10), sequence 1 leaving (step 12): rebuilds
-        assert plans.count("rebuild") >= 3 and plans.count("append") >= 8
+        assert plans.count(DecodeMirror.REBUILD) >= 3 and plans.count(DecodeMirror.APPEND) >= 8
     else:
-        assert set(plans) == {"off"}
+        assert set(plans) == {DecodeMirror.OFF}
+
+
+def test_a_verification_step_with_rejected_drafts_between_decode_steps() -> None:
+    """Sequence 0 decodes, then verifies 3 drafts in one step (4 query tokens with cached context) while the
+    others decode; 1 draft is accepted, so the next steps overwrite the 2 rejected drafts' slots. Every step
+    must equal the dense reference over the accepted tokens only: the mirror never serves a rejected draft."""
+    torch.manual_seed(11)
+    block_size, heads, kv_heads, dim, scale = 4, 4, 2, 8, 0.35
+    backend = TorchAttentionBackend(heads, kv_heads, dim, scale, block_size)
+    cache = torch.zeros(backend.kv_cache_shape(64))
+    free = torch.randperm(64).tolist()
+    prompts, total = [5, 7, 2], 24
+    seqs = [
+        {
+            "q": torch.randn(total, heads, dim),
+            "k": torch.randn(total, kv_heads, dim),
+            "v": torch.randn(total, kv_heads, dim),
+            "blocks": [free.pop() for _ in range(total // block_size)],
+        }
+        for _ in prompts
+    ]
+    run_step(backend, cache, seqs, [0] * 3, prompts)
+    lens = list(prompts)
+
+    def check(out: torch.Tensor, starts: list[int], ends: list[int], truth: list[dict]) -> None:
+        row = 0
+        for seq, start, end in zip(truth, starts, ends, strict=True):
+            expected = dense_reference(seq["q"][start:end], seq["k"][:end], seq["v"][:end], start, scale)
+            torch.testing.assert_close(out[row : row + end - start], expected, atol=1e-5, rtol=1e-5)
+            row += end - start
+
+    for _ in range(3):  # steady decoding: the mirror appends
+        out = run_step(backend, cache, seqs, lens, [n + 1 for n in lens])
+        check(out, lens, [n + 1 for n in lens], seqs)
+        lens = [n + 1 for n in lens]
+    # Verification step for sequence 0: its next token and 3 drafts whose last 2 will be rejected.
+    drafted = dict(seqs[0], k=seqs[0]["k"].clone(), v=seqs[0]["v"].clone())
+    drafted["k"][lens[0] + 2 : lens[0] + 4] = torch.randn(2, kv_heads, dim) * 5
+    drafted["v"][lens[0] + 2 : lens[0] + 4] = torch.randn(2, kv_heads, dim) * 5
+    ends = [lens[0] + 4, lens[1] + 1, lens[2] + 1]
+    out = run_step(backend, cache, [drafted, *seqs[1:]], lens, ends)
+    check(out, lens, ends, [drafted, *seqs[1:]])
+    lens = [lens[0] + 2, lens[1] + 1, lens[2] + 1]  # the known token + 1 accepted draft
+    for _ in range(4):  # decoding again: the true KV overwrites the rejected drafts' slots
+        out = run_step(backend, cache, seqs, lens, [n + 1 for n in lens])
+        check(out, lens, [n + 1 for n in lens], seqs)
+        lens = [n + 1 for n in lens]
