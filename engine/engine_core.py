@@ -19,17 +19,15 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
-        self.model_runner = ModelRunner(config)  # finalizes config (max_model_len)
+        self.model_runner = ModelRunner(config)
         self.config = config
         runner = self.model_runner
-        self.max_model_len: int = runner.max_model_len
+        self.max_model_len: int = runner.max_model_len  # the config's, resolved when it was built
         self.eos_token_ids: list[int] = list(runner.eos_token_ids)
         self.vocab_size: int = runner.vocab_size
         self.num_gpu_blocks = runner.determine_num_blocks()
         runner.initialize_kv_cache(self.num_gpu_blocks)
-        self.scheduler = Scheduler(
-            config.scheduler_config, config.cache_config, self.max_model_len, self.num_gpu_blocks
-        )
+        self.scheduler = Scheduler(config, self.num_gpu_blocks)
         self.sampler = Sampler(runner.device, config.model_config.seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
 
@@ -64,15 +62,29 @@ class EngineCore:
             if not self.scheduler.running:
                 raise RuntimeError("the scheduler can admit no waiting request into an idle engine (a bug)")
             return []
-        sampling = [s.request for s in scheduler_output.sampling_requests()]
+        sampling = scheduler_output.sampling_requests()
         logits = self.model_runner.execute_model(scheduler_output)
         sampled_token_ids: list[list[int]] = []
         logprobs: list[list[list[Logprob]] | None] | None = None
         if sampling:
-            metadata = SamplingMetadata.build(sampling, self.vocab_size, logits.device, self._generators)
+            rows = [(s.request, s.spec_token_ids[:j]) for s in sampling for j in range(s.num_logits_rows)]
+            metadata = SamplingMetadata.build(
+                [request for request, _ in rows],
+                self.vocab_size,
+                logits.device,
+                self._generators,
+                draft_prefixes=[drafts for _, drafts in rows],
+            )
             sampler_output = self.sampler(logits, metadata)
-            sampled_token_ids = [[token_id] for token_id in sampler_output.sampled_token_ids]
-            logprobs = [None if lp is None else [lp] for lp in sampler_output.logprobs]
+            logprobs = []
+            start = 0
+            for scheduled in sampling:
+                end = start + scheduled.num_logits_rows
+                accepted = accept_drafts(scheduled.spec_token_ids, sampler_output.sampled_token_ids[start:end])
+                sampled_token_ids.append(accepted)
+                row_logprobs = sampler_output.logprobs[start : start + len(accepted)]
+                logprobs.append(None if row_logprobs[0] is None else row_logprobs)  # type: ignore[arg-type]
+                start = end
         return self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
 
     def has_unfinished_requests(self) -> bool:
@@ -83,3 +95,17 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+
+def accept_drafts(drafts: list[int], row_tokens: list[int]) -> list[int]:
+    """The tokens a step adds: each draft while it equals the target's token at its row, then the target's token
+    at the first row that disagrees (or the bonus row after the last draft).
+
+    Exact for greedy rows, and for sampled rows when a draft is a point mass (prompt lookup): accepting the sample
+    x ~ p when x equals the draft d accepts with probability p(d), and on rejection x is distributed as p
+    restricted to tokens other than d, which is what rejection sampling prescribes for q = delta(d).
+    """
+    num_accepted = 0
+    while num_accepted < len(drafts) and drafts[num_accepted] == row_tokens[num_accepted]:
+        num_accepted += 1
+    return drafts[:num_accepted] + [row_tokens[num_accepted]]

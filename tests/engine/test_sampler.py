@@ -197,3 +197,30 @@ def test_grammar_bitmask_allows_only_set_bits() -> None:
     metadata = SamplingMetadata.build([make_request("a", temperature=0.0)], vocab, CPU, {})
     metadata.grammar_bitmask = bitmask[:1]
     assert Sampler(CPU)(torch.arange(vocab, dtype=torch.float32).unsqueeze(0), metadata).sampled_token_ids == [34]
+
+
+def test_a_seeded_request_with_several_rows_draws_them_in_position_order() -> None:
+    """The seed rule for multi-token steps: k + 1 rows of one request in one step consume its generator exactly
+    as k + 1 single-row steps would, whatever shares the batch."""
+    torch.manual_seed(5)
+    logits = torch.randn(3, 40)
+    one_step_generators: dict = {}
+    a = make_request("a", seed=42, temperature=0.8)
+    mate = make_request("m", temperature=1.0)
+    rows = [mate, a, a, a]  # a verifies 2 drafts: 3 rows
+    metadata = SamplingMetadata.build(rows, 40, CPU, one_step_generators, draft_prefixes=[[], [], [7], [7, 8]])
+    batch = torch.cat([torch.randn(1, 40), logits])
+    together = Sampler(CPU, 0)(batch, metadata).sampled_token_ids[1:]
+    step_generators: dict = {}
+    one_by_one = [sample([a], logits[row : row + 1], step_generators, seed=row)[0] for row in range(3)]
+    assert together == one_by_one
+
+
+def test_rows_after_drafts_see_them_as_output_for_penalties_and_min_tokens() -> None:
+    request = make_request("a", prompt=[1], output=[], min_tokens=2, frequency_penalty=1.0, stop_token_ids=[3])
+    metadata = SamplingMetadata.build([request] * 3, 6, CPU, {}, draft_prefixes=[[], [4], [4, 4]])
+    assert metadata.output_token_ids is not None
+    assert metadata.output_token_ids.tolist() == [[6, 6], [4, 6], [4, 4]]  # padded with vocab_size
+    assert metadata.min_tokens_mask is not None
+    rows, token_ids = metadata.min_tokens_mask
+    assert sorted(set(rows.tolist())) == [0, 1] and set(token_ids.tolist()) == {0, 3}  # row 2 has 2 outputs
