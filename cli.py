@@ -1,4 +1,4 @@
-"""The `bench` command: one typer app; each package registers its own commands."""
+"""The `bench` command: one typer app; each package registers its own commands, wired to each other here."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for package_commands in (engine.commands, workloads.commands, sweep.commands, sweep.tune.commands, reports.commands):
-    package_commands.register(app)
+# The sweep never imports reports (workloads <- sweep <- reports): its commands get the renderer from here.
+engine.commands.register(app)
+workloads.commands.register(app)
+sweep.commands.register(app, render_report=reports.render_report)
+sweep.tune.commands.register(app, render_report=reports.render_report)
+reports.commands.register(app)
 
 
 if __name__ == "__main__":

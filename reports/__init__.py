@@ -1,6 +1,7 @@
 """Reports, notebooks' helpers and the CI regression gate over sweep results.
 
-`render_report` is what `bench sweep` calls at the end of every run; heavy imports stay inside it.
+`render_report` is what cli.py hands to `bench sweep` and `bench tune` to render their runs; heavy imports
+stay inside it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from engine.cli_options import (
     MaxNumBatchedTokens,
     MaxNumSeqs,
 )
+from sweep.results import ReportRenderer
 
 LOAD_PANEL = "Load"
 WORKLOAD_PANEL = "Workload"
@@ -46,6 +47,7 @@ def _fail(message: str) -> None:
 
 
 def sweep(
+    ctx: typer.Context,
     concurrency: str | None = typer.Option(
         None, help="Closed-loop streams per point, e.g. 1,2,4,8.", rich_help_panel=LOAD_PANEL
     ),
@@ -194,16 +196,11 @@ def sweep(
         )
         raise typer.Exit(130) from None
     typer.echo(f"results: {run_dir}")
-    if report:
-        _render_report(run_dir, config.slo)
+    if report and ctx.obj is not None:
+        _render_report(ctx.obj, run_dir, config.slo)
 
 
-def _render_report(run_dir: Path, slo: dict | None) -> None:
-    import reports
-
-    render = getattr(reports, "render_report", None)
-    if render is None:
-        return
+def _render_report(render: ReportRenderer, run_dir: Path, slo: dict | None) -> None:
     try:
         out = render([run_dir], run_dir / "report", slo=slo)
     except Exception as e:  # the run directory is complete; only the report is missing
@@ -271,8 +268,9 @@ def calibrate(
         _fail(str(e))
 
 
-def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `bench` app."""
-    app.command("sweep")(sweep)
+def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> None:
+    """Add this package's commands to the `bench` app; `bench sweep --report` renders with `render_report`
+    (it reaches the command as its context's `obj`; without one, no report is written)."""
+    app.command("sweep", context_settings={"obj": render_report})(sweep)
     app.command("mock-server")(mock_server)
     app.command("calibrate")(calibrate)

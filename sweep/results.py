@@ -15,9 +15,10 @@ import io
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 CONFIG = "config.json"
 POINTS = "points"
@@ -25,6 +26,15 @@ REQUESTS = "requests.jsonl"
 SUMMARY = "summary.csv"
 SEARCH = "search.json"
 SERVER_LOG = "server.log"
+
+
+class ReportRenderer(Protocol):
+    """Renders run directories into `out_dir` and returns report.html's path (`reports.render_report`).
+
+    The sweep never imports `reports`: cli.py hands one to `register` of `bench sweep` and `bench tune`.
+    """
+
+    def __call__(self, run_dirs: list[Path], out_dir: Path, slo: Mapping[str, float] | None = None) -> Path: ...
 
 
 def concurrency_label(concurrency: int) -> str:

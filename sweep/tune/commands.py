@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+from sweep.results import ReportRenderer
+
 
 def _model_max_len(model: str) -> int | None:
     try:
@@ -60,6 +62,7 @@ def best_commands(study: Any, model: str, launch_command: str | None) -> list[di
 
 
 def tune(
+    ctx: typer.Context,
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
     slo: str = typer.Option(..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
     attainment: float = typer.Option(0.9, help="Fraction of requests that must meet the SLO."),
@@ -196,9 +199,11 @@ def tune(
         aborted = err
 
     best = best_commands(study, model, launch_command)
-    if best and best[0]["run_dir"]:
+    if best and best[0]["run_dir"] and ctx.obj is not None:
         try:
-            best[0]["sweep_report"] = render_best_sweep_report(str(Path(best[0]["run_dir"]) / "repeat0"), slo_ms)
+            best[0]["sweep_report"] = render_best_sweep_report(
+                ctx.obj, str(Path(best[0]["run_dir"]) / "repeat0"), slo_ms
+            )
         except Exception as err:  # the tuning result stands without its sweep report; say why it is missing
             console.print(f"[yellow]the best trial's sweep report failed:[/yellow] {err}")
     (output_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
@@ -268,6 +273,8 @@ def tune_efficiency(
                                            "results": results}, indent=1))
 
 
-def register(app: typer.Typer) -> None:
-    app.command("tune")(tune)
+def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> None:
+    """Add `bench tune` and `bench tune-efficiency` to the `bench` app; `render_report` renders the best trial's
+    sweep report, linked from tune_report.html (it reaches `tune` as its context's `obj`; without one, no link)."""
+    app.command("tune", context_settings={"obj": render_report})(tune)
     app.command("tune-efficiency")(tune_efficiency)

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.results import ReportRenderer
 from sweep.tune.study import best_trials, feasible
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
@@ -136,13 +137,11 @@ def best_section(study: optuna.Study, commands: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def render_best_sweep_report(run_dir: str | None, slo: dict[str, float] | None = None) -> str | None:
-    """The best trial's sweep report (`reports.render.render_report`), written into its run directory."""
+def render_best_sweep_report(
+    render_report: ReportRenderer, run_dir: str | None, slo: dict[str, float] | None = None
+) -> str | None:
+    """The best trial's sweep report, rendered into `<run_dir>/report`; its report.html's path, None without a run."""
     if not run_dir or not Path(run_dir).is_dir():
-        return None
-    try:
-        from reports.render import render_report
-    except ImportError:  # the reports package is not installed with this build
         return None
     return str(render_report([Path(run_dir)], Path(run_dir) / "report", slo=slo))
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 import sweep
+import sweep.commands
 from sweep.calibrate import start_mock
 from sweep.launcher import free_port, launch
 
@@ -171,3 +175,24 @@ def test_mock_server_command_serves_and_rejects_bad_timing(tmp_path: Path) -> No
         assert [m["id"] for m in models["data"]] == ["m1"]
     bad = bench("mock-server", "--ttft-ms", "-1")
     assert bad.returncode == 2 and "ttft_ms and itl_ms must be >= 0" in bad.stderr
+
+
+def test_the_report_is_rendered_by_the_renderer_the_command_layer_hands_in(tmp_path: Path) -> None:
+    """`bench` (cli.py) wires `reports.render_report` into `bench sweep`; registered without one, no report."""
+    common = ["--model", "mock", "--tokenizer", "tiny-random", "--workload", "fixed", "--input-len", "16"]
+    common += ["--output-len", "4", "--num-prompts", "2", "--concurrency", "1", "--slo", "ttft=5000"]
+    bare, bare_dir = typer.Typer(), tmp_path / "bare"
+    sweep.commands.register(bare)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with start_mock(2.0, 1.0, tmp_path / "mock.log") as mock:
+            wired = bench("sweep", "--url", mock.url, *common, "--output-dir", str(tmp_path / "wired"))
+            unwired = CliRunner().invoke(bare, ["sweep", "--url", mock.url, *common, "--output-dir", str(bare_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)  # the command turns SIGTERM into KeyboardInterrupt
+    assert wired.returncode == 0, wired.stderr[-3000:]
+    assert f"report: {tmp_path / 'wired' / 'report' / 'report.html'}" in wired.stdout
+    assert "TTFT" in (tmp_path / "wired" / "report" / "report.md").read_text()
+    assert unwired.exit_code == 0, unwired.output
+    assert (bare_dir / "points" / "c0001.json").is_file() and not (bare_dir / "report").exists()
+    assert "report:" not in unwired.output

@@ -6,7 +6,7 @@ from tune_fakes import FakeBackend
 
 from sweep.tune.commands import best_commands
 from sweep.tune.objective import ObjectiveSpec
-from sweep.tune.report import write_report
+from sweep.tune.report import render_best_sweep_report, write_report
 from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
 from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
 
@@ -39,3 +39,18 @@ def test_pareto_report_has_the_front(tmp_path: Path) -> None:
     page = path.read_text()
     assert "<h2>Pareto front</h2>" in page and "Not available" not in page.split("<h2>Pareto front</h2>")[1][:200]
     assert best and len({str(b["knobs"]) for b in best}) == len(best)
+
+
+def test_the_best_sweep_report_comes_from_the_renderer_handed_in(tmp_path: Path) -> None:
+    calls = []
+
+    def render(run_dirs: list[Path], out_dir: Path, slo: dict[str, float] | None = None) -> Path:
+        calls.append((run_dirs, out_dir, slo))
+        return out_dir / "report.html"
+
+    run_dir = tmp_path / "trial-3" / "repeat0"
+    run_dir.mkdir(parents=True)
+    assert render_best_sweep_report(render, str(run_dir), {"ttft_ms": 500.0}) == str(run_dir / "report/report.html")
+    assert calls == [([run_dir], run_dir / "report", {"ttft_ms": 500.0})]
+    assert render_best_sweep_report(render, str(tmp_path / "missing")) is None
+    assert render_best_sweep_report(render, None) is None and len(calls) == 1

@@ -1,0 +1,97 @@
+"""The packages depend one way: workloads <- sweep <- reports, and the engine on none of them.
+
+Two checks per rule: every import statement in a package's source (lazy ones inside functions too), and what
+importing every module of the package actually loads, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# package -> the top-level packages it must never import
+FORBIDDEN = {
+    "workloads": {"sweep", "reports", "engine"},
+    "sweep": {"reports"},
+    "engine": {"sweep", "reports", "workloads"},
+}
+
+# Imports that break a rule today and are known: (file, imported package) -> why it is there.
+KNOWN_EXCEPTIONS = {
+    ("engine/benchmarks/throughput.py", "workloads"): "`bench throughput --workload` draws its request lengths",
+}
+
+
+def package_modules(package: str) -> list[str]:
+    modules = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return modules
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level packages named by every import statement in the file, wherever the statement sits."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def loaded_after_importing(modules: list[str]) -> set[str]:
+    """Top-level packages in sys.modules after importing `modules` in a fresh interpreter."""
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted({key.split('.')[0] for key in sys.modules})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_source_file_imports_against_the_direction(package: str) -> None:
+    violations = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        for name in sorted(imported_packages(path) & FORBIDDEN[package]):
+            if (relative, name) not in KNOWN_EXCEPTIONS:
+                violations.append(f"{relative} imports {name}")
+    assert not violations, "\n".join(violations)
+
+
+def test_every_known_exception_is_still_there() -> None:
+    """A known exception that has been fixed leaves this list, so the rule covers that file again."""
+    stale = [pair for pair in KNOWN_EXCEPTIONS if pair[1] not in imported_packages(ROOT / pair[0])]
+    assert not stale
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_importing_every_module_loads_no_forbidden_package(package: str) -> None:
+    loaded = loaded_after_importing(package_modules(package))
+    assert package in loaded
+    assert not loaded & FORBIDDEN[package]
+
+
+def test_reports_and_the_gate_do_not_load_the_http_client() -> None:
+    loaded = loaded_after_importing(package_modules("reports"))
+    assert {"reports", "sweep"} <= loaded
+    assert "aiohttp" not in loaded
+
+
+def test_the_sweep_client_does_load_aiohttp() -> None:
+    """The check above can see aiohttp: the HTTP client module, and only it among these, brings it in."""
+    assert "aiohttp" in loaded_after_importing(["sweep.client"])
+    assert "aiohttp" not in loaded_after_importing(["sweep", "sweep.records", "sweep.benchmark_metrics"])
