@@ -49,7 +49,8 @@ class LLM:
         use_tqdm: bool = True,
         progress: bool | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in the prompts' order.
+        """Run every prompt to completion; one RequestOutput per prompt, in the prompts' order, holding the
+        prompt's n completions (SamplingParams.n) in index order.
 
         `progress` is an alias of `use_tqdm` (vLLM's name); either False hides the progress bar.
         """
@@ -96,7 +97,7 @@ class LLM:
                     if output.finished:
                         finished[output.request_id] = output
                         num_prompt_tokens += len(output.prompt_token_ids)
-                        num_output_tokens += len(output.outputs[0].token_ids)
+                        num_output_tokens += sum(len(completion.token_ids) for completion in output.outputs)
                         bar.advance(task)
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 speed = f"input {num_prompt_tokens / elapsed:.1f} tok/s, output {num_output_tokens / elapsed:.1f} tok/s"

@@ -1,27 +1,16 @@
-"""LLMEngine: text in, text out around EngineCore — tokenization, incremental detokenization, stop strings."""
+"""LLMEngine: text in, text out around EngineCore, in one process. Request building, parallel sampling and
+detokenisation are engine/processor.py's, shared with the OpenAI server."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore
-from engine.outputs import CompletionOutput, EngineCoreOutput, Logprob, RequestOutput, SchedulerStats
-from engine.request import Request, RequestTiming
+from engine.outputs import RequestOutput, SchedulerStats
+from engine.processor import ParentRequest, Processor
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import get_tokenizer
-
-
-@dataclass
-class _RequestState:
-    request: Request
-    prompt: str | None
-    detokenizer: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[list[Logprob]] | None = None
 
 
 class LLMEngine:
@@ -29,7 +18,11 @@ class LLMEngine:
         self.engine_core = engine_core
         self.config = engine_core.config
         self.tokenizer = tokenizer
-        self._states: dict[str, _RequestState] = {}
+        self.processor = Processor(
+            tokenizer, engine_core.max_model_len, engine_core.vocab_size, engine_core.eos_token_ids
+        )
+        self._parents: dict[str, ParentRequest] = {}  # by request id
+        self._parent_of: dict[str, ParentRequest] = {}  # by the id of each unfinished engine request
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -48,72 +41,53 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        """Tokenize and queue; a ValueError (bad prompt, too long for the model or the KV cache) keeps nothing."""
-        if request_id in self._states:
+        """Tokenize and queue (n engine requests when params.n > 1); a ValueError (bad prompt, too long for the
+        model or the KV cache) keeps nothing."""
+        if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        if isinstance(prompt, str):
-            prompt_text, prompt_token_ids = prompt, list(self.tokenizer.encode(prompt))
-        else:
-            prompt_text, prompt_token_ids = None, [int(t) for t in prompt]
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt_token_ids)
-        eos_ids = self.engine_core.eos_token_ids
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=eos_ids[0] if eos_ids else None,
-            max_tokens=max_tokens,
-            timing=RequestTiming(arrival_time if arrival_time is not None else time.monotonic()),
-        )
-        self.engine_core.add_request(request)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
-        self._states[request_id] = _RequestState(
-            request, prompt_text, detokenizer, logprobs=[] if params.logprobs is not None else None
-        )
+        request = self.processor.build_request(request_id, prompt, params, arrival_time)
+        parent = ParentRequest(request, self.tokenizer, prompt if isinstance(prompt, str) else None)
+        added: list[str] = []
+        try:
+            for child in parent.children:
+                self.engine_core.add_request(child)
+                added.append(child.request_id)
+        except ValueError:
+            self.engine_core.abort_requests(added)
+            raise
+        self._parents[request_id] = parent
+        self._parent_of.update((child_id, parent) for child_id in added)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; a cumulative RequestOutput for every request that progressed or finished."""
-        return [out for core_output in self.engine_core.step() if (out := self._process(core_output)) is not None]
-
-    def _process(self, core_output: EngineCoreOutput) -> RequestOutput | None:
-        state = self._states.get(core_output.request_id)
-        if state is None:
-            return None
-        finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
-        for index, token_id in enumerate(core_output.new_token_ids):
-            state.token_ids.append(token_id)
-            if state.logprobs is not None and core_output.new_logprobs is not None:
-                state.logprobs.append(core_output.new_logprobs[index])
-            stop_string = state.detokenizer.update([token_id])
-            if stop_string is not None:
-                if finish_reason is None:
-                    self.engine_core.abort_requests([core_output.request_id])
-                finish_reason, stop_reason = "stop", stop_string
-                break
-        finished = finish_reason is not None
-        completion = CompletionOutput(
-            index=0,
-            text=state.detokenizer.get_next_output_text(finished, delta=False),
-            token_ids=list(state.token_ids),
-            finish_reason=finish_reason,
-            stop_reason=stop_reason,
-            logprobs=list(state.logprobs) if state.logprobs is not None else None,
-        )
-        if finished:
-            del self._states[core_output.request_id]
-        return RequestOutput(
-            request_id=core_output.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.request.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            timing=state.request.timing if finished else None,
-        )
+        """One engine step; a cumulative RequestOutput (all n completions) for every request that progressed."""
+        progressed: dict[str, ParentRequest] = {}
+        for core_output in self.engine_core.step():
+            parent = self._parent_of.get(core_output.request_id)
+            if parent is None:
+                continue
+            delta = parent.update(core_output)
+            if delta.stopped_by_string:
+                self.engine_core.abort_requests([core_output.request_id])
+            if delta.finished:
+                del self._parent_of[core_output.request_id]
+            progressed[parent.request_id] = parent
+        outputs = []
+        for parent in progressed.values():
+            if parent.finished:
+                del self._parents[parent.request_id]
+            outputs.append(parent.request_output())
+        return outputs
 
     def abort_request(self, request_ids: list[str]) -> None:
-        self.engine_core.abort_requests(request_ids)
+        """Abort requests (each with all its engine requests); unknown ids are ignored."""
+        engine_ids = []
         for request_id in request_ids:
-            self._states.pop(request_id, None)
+            parent = self._parents.pop(request_id, None)
+            if parent is not None:
+                engine_ids += [child.request_id for child in parent.children]
+        for engine_id in engine_ids:
+            self._parent_of.pop(engine_id, None)
+        self.engine_core.abort_requests(engine_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.engine_core.has_unfinished_requests()

@@ -13,7 +13,7 @@ class SamplingParamsError(ValueError):
 
 @dataclass
 class SamplingParams:
-    n: int = 1
+    n: int = 1  # completions per prompt (parallel sampling: engine/processor.py)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: disabled
@@ -37,7 +37,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         checks = (
-            (self.n == 1, f"n must be 1, got {self.n}"),
+            (self.n >= 1, f"n must be >= 1, got {self.n}"),
             (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}"),

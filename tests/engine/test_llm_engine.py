@@ -108,9 +108,9 @@ def test_abort_frees_the_request(llm: LLM) -> None:
 
 
 def test_the_models_other_eos_ids_act_as_stop_token_ids(llm: LLM) -> None:
-    core = llm.llm_engine.engine_core
-    saved = core.eos_token_ids
-    core.eos_token_ids = [saved[0], 7]  # as if generation_config listed a second EOS id
+    core, processor = llm.llm_engine.engine_core, llm.llm_engine.processor
+    saved = processor.eos_token_ids
+    processor.eos_token_ids = [saved[0], 7]  # as if generation_config listed a second EOS id
     try:
         llm.llm_engine.add_request("eos", "Hello", SamplingParams(max_tokens=2, stop_token_ids=[9]))
         llm.llm_engine.add_request("ignore", "Hello", SamplingParams(max_tokens=2, ignore_eos=True))
@@ -119,4 +119,80 @@ def test_the_models_other_eos_ids_act_as_stop_token_ids(llm: LLM) -> None:
         assert requests["ignore"].sampling_params.stop_token_ids == []
     finally:
         llm.llm_engine.abort_request(["eos", "ignore"])
-        core.eos_token_ids = saved
+        processor.eos_token_ids = saved
+
+
+# ------------------------------------------------------------------------------------------- parallel sampling (n)
+
+
+def test_n_greedy_gives_n_identical_completions_equal_to_n_1(llm: LLM) -> None:
+    (single,) = llm.generate("Parallel sampling", GREEDY, use_tqdm=False)
+    params = SamplingParams(n=3, temperature=0.0, max_tokens=12, ignore_eos=True)
+    (fanned,) = llm.generate("Parallel sampling", params, use_tqdm=False)
+    assert [c.index for c in fanned.outputs] == [0, 1, 2]
+    for completion in fanned.outputs:
+        assert completion.token_ids == single.outputs[0].token_ids and completion.text == single.outputs[0].text
+        assert completion.finish_reason == "length"
+    assert fanned.finished and fanned.timing is not None and fanned.timing.finished_time is not None
+    assert not llm.llm_engine.has_unfinished_requests() and llm.llm_engine.get_stats().kv_cache_usage == 0.0
+
+
+def test_n_seeded_sampling_is_reproducible_and_the_children_differ(llm: LLM) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
+    (first,) = llm.generate("A story in three takes", params, use_tqdm=False)
+    (again,) = llm.generate("A story in three takes", params, use_tqdm=False)
+    takes = [c.token_ids for c in first.outputs]
+    assert takes == [c.token_ids for c in again.outputs]
+    assert len({tuple(t) for t in takes}) == 3
+    # child i is seeded seed + i, as in vLLM: child 1 of seed 7 samples what an n=1 request with seed 8 does
+    (child,) = llm.generate("A story in three takes", SamplingParams(temperature=1.0, seed=8, max_tokens=10,
+                                                                     ignore_eos=True), use_tqdm=False)  # fmt: skip
+    assert child.outputs[0].token_ids == takes[1]
+
+
+def test_n_children_share_the_prompt_blocks(llm: LLM) -> None:
+    engine = llm.llm_engine
+    block_size = engine.config.cache_config.block_size
+    prompt = {"prompt_token_ids": list(range(300, 300 + 3 * block_size + 5))}
+    assert engine.reset_prefix_cache()
+    before = engine.get_stats().prefix_cache_hits
+    llm.generate(prompt, SamplingParams(n=3, temperature=1.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    # children 2 and 3 find the 3 full prompt blocks child 1 computes (admitted in the same step)
+    assert engine.get_stats().prefix_cache_hits - before == 2 * 3 * block_size
+
+
+def test_n_stop_strings_end_each_child_on_its_own(llm: LLM) -> None:
+    free = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    (unstopped,) = llm.generate("Stops per child", free, use_tqdm=False)
+    texts = [c.text for c in unstopped.outputs]
+    stop = next(t[4:6] for t in texts if t[4:6].strip())
+    (stopped,) = llm.generate("Stops per child", SamplingParams(**{**vars(free), "stop": [stop]}), use_tqdm=False)
+    for text, completion in zip(texts, stopped.outputs, strict=True):
+        if stop in text:
+            assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+            assert completion.text == text[: text.index(stop)]
+        else:
+            assert completion.finish_reason == "length" and completion.text == text
+    assert not llm.llm_engine.has_unfinished_requests() and llm.llm_engine.get_stats().kv_cache_usage == 0.0
+
+
+def test_aborting_a_parent_aborts_all_its_children(llm: LLM) -> None:
+    engine = llm.llm_engine
+    engine.add_request("fan", "Fan out", SamplingParams(n=3, temperature=1.0, max_tokens=20, ignore_eos=True))
+    engine.add_request("solo", "Alone", GREEDY)
+    engine.step()
+    assert engine.get_stats().num_running_reqs == 4
+    engine.abort_request(["fan"])
+    assert engine.get_stats().num_running_reqs == 1
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["solo"] and engine.get_stats().kv_cache_usage == 0.0
+
+
+def test_n_bad_values_are_clear_errors(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        SamplingParams(n=0)
+    with pytest.raises(ValueError, match=r"seed \+ 2 \(the last of the n=3 samples' seeds\) must fit in 64 bits"):
+        llm.generate("x", SamplingParams(n=3, seed=2**64 - 2), use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
