@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
@@ -32,19 +31,8 @@ class EngineCore:
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; raises ValueError (and keeps nothing) if it can never run."""
-        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {request.request_id!r}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        params = request.sampling_params
-        if params.seed is not None and not -(2**63) <= params.seed < 2**64:
-            raise ValueError(f"request {request.request_id!r}: seed must fit in 64 bits, got {params.seed}")
-        extra_eos = [t for t in self.eos_token_ids if t != request.eos_token_id and t not in params.stop_token_ids]
-        if extra_eos and request.eos_token_id in self.eos_token_ids and not params.ignore_eos:
-            # As vLLM: the model's other EOS ids (generation_config) act as stop token ids.
-            request.sampling_params = dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra_eos])
+        """Queue a request built by engine.processor.Processor (which validated its token ids, seed and EOS ids);
+        raises ValueError (and keeps nothing) if it can never run in this KV cache."""
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
