@@ -37,15 +37,19 @@ def engine_dead_error() -> ApiError:
     return ApiError(503, "the engine process has died; restart the server", type="server_error", code="engine_dead")
 
 
-class RequestStream:
-    """One request's outputs, in order, as the engine produced them."""
+OutputQueue = asyncio.Queue[tuple[EngineCoreOutput, float] | ApiError]
 
-    def __init__(self, request: Request, api_arrival: float) -> None:
+
+class RequestStream:
+    """One engine request's outputs, in order, as the engine produced them. The n children of a parallel-sampling
+    request share one queue (read it with `next_output`)."""
+
+    def __init__(self, request: Request, api_arrival: float, queue: OutputQueue | None = None) -> None:
         self.request_id = request.request_id
         self.num_prompt_tokens = request.num_prompt_tokens
         self.api_arrival = api_arrival  # API-process time.monotonic()
         self.received_epoch = time.time()
-        self.queue: asyncio.Queue[tuple[EngineCoreOutput, float] | ApiError] = asyncio.Queue()
+        self.queue: OutputQueue = queue if queue is not None else asyncio.Queue()
         self.timing: RequestTiming | None = None  # engine-side snapshot as of the latest consumed output
         self.last_engine_time: float | None = None  # engine clock of the step that produced that output
         self.first_token_api_time: float | None = None
@@ -53,14 +57,11 @@ class RequestStream:
         self.num_output_tokens = 0
         self.finished = False
 
-    async def next_output(self) -> EngineCoreOutput:
-        item = await self.queue.get()
-        if isinstance(item, ApiError):
-            raise item
-        output, self.last_engine_time = item
+    def record(self, output: EngineCoreOutput, engine_time: float) -> None:
+        """The handler consumed `output`: keep its timing snapshot."""
+        self.last_engine_time = engine_time
         if output.timing is not None:
             self.timing = output.timing
-        return output
 
     def final_timing(self) -> RequestTiming | None:
         """Engine timing at the end: the core's own when it finished the request, else the latest snapshot
@@ -70,6 +71,16 @@ class RequestStream:
         if self.timing.finished_time is not None:
             return self.timing
         return dataclasses.replace(self.timing, finished_time=self.last_engine_time)
+
+
+async def next_output(queue: OutputQueue, streams: dict[str, RequestStream]) -> EngineCoreOutput:
+    """The next output of any of `streams` (by request id), which share `queue`; an ApiError put there is raised."""
+    item = await queue.get()
+    if isinstance(item, ApiError):
+        raise item
+    output, engine_time = item
+    streams[output.request_id].record(output, engine_time)
+    return output
 
 
 class EngineClient:
@@ -145,10 +156,10 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------------------- requests
 
-    def add_request(self, request: Request, api_arrival: float) -> RequestStream:
+    def add_request(self, request: Request, api_arrival: float, queue: OutputQueue | None = None) -> RequestStream:
         if self.dead:
             raise engine_dead_error()
-        stream = RequestStream(request, api_arrival)
+        stream = RequestStream(request, api_arrival, queue)
         self._streams[request.request_id] = stream
         self._input.put(("add", request))
         return stream

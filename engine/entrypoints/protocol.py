@@ -13,6 +13,7 @@ from typing import Any
 from engine.sampling_params import SamplingParams, SamplingParamsError
 
 _MISSING = object()
+MAX_N = 128  # completions per request, OpenAI's limit: each is an engine request
 
 
 class ApiError(Exception):
@@ -175,8 +176,8 @@ def _parse_stream(body: dict[str, Any]) -> tuple[bool, StreamOptions]:
 
 def _sampling_params(body: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     n = get_int(body, "n", 1)
-    if n != 1:
-        raise bad_request(f"only n=1 is supported, got n={n}", "n")
+    if not 1 <= n <= MAX_N:
+        raise bad_request(f"'n' must be in [1, {MAX_N}], got {n}", "n")
     best_of = get_int(body, "best_of", None)
     if best_of not in (None, 1):
         raise bad_request(f"only best_of=1 is supported, got best_of={best_of}", "best_of")
@@ -184,6 +185,7 @@ def _sampling_params(body: dict[str, Any], max_tokens: int | None, logprobs: int
         raise bad_request("'logit_bias' is not supported by this server", "logit_bias")
     max_tokens_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     fields: dict[str, Any] = {
+        "n": n,
         "temperature": get_float(body, "temperature", 1.0),
         "top_p": get_float(body, "top_p", 1.0),
         "top_k": get_int(body, "top_k", 0),
@@ -225,7 +227,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     prompt = body.get("prompt", _MISSING)
     if prompt is _MISSING or prompt is None:
         raise bad_request("'prompt' is required", "prompt")
-    # OpenAI accepts a batch of prompts; with n=1 only, a batch of exactly one is unwrapped.
+    # OpenAI accepts a batch of prompts; this server takes one prompt per request, so a batch of one is unwrapped.
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise bad_request(f"only one prompt per request is supported, got {len(prompt)}", "prompt")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -9,9 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 REPO = Path(__file__).resolve().parents[3]
 API_KEY = "test-key"
@@ -104,3 +109,35 @@ def wait_until(predicate: object, timeout: float = 60.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def post(url: str, body: Any, *, key: str | None = API_KEY, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def metric(server: LiveServer, name: str) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    match = re.search(rf'^{re.escape(name)}\{{model_name="{MODEL}"\}} (\S+)$', text, re.MULTILINE)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+async def read_chunks_then_disconnect(session: aiohttp.ClientSession, url: str, body: Any, num_chunks: int) -> None:
+    """Stream `body` from `url`, then close the connection after `num_chunks` data chunks."""
+    async with session.post(url, json=body, headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        assert response.status == 200
+        seen = 0
+        async for line in response.content:
+            seen += line.startswith(b"data: {")
+            if seen == num_chunks:
+                break  # leaving the block closes the connection mid-stream

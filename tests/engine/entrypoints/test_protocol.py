@@ -45,7 +45,9 @@ def chat(**fields: object) -> dict[str, object]:
         (completion(min_tokens=-1), "min_tokens"),
         (completion(min_tokens=20, max_tokens=4), "min_tokens"),
         (completion(logprobs=21), "logprobs"),
-        (completion(n=2), "n"),
+        (completion(n=0), "n"),
+        (completion(n=129), "n"),
+        (chat(n=-1), "n"),
         (completion(best_of=3), "best_of"),
         (completion(echo=True), "echo"),
         (completion(suffix="tail"), "suffix"),
@@ -102,7 +104,7 @@ def test_completion_fields_map_to_sampling_params() -> None:
         completion(
             prompt=["only one"], max_tokens=7.0, temperature=0, top_p=0.5, top_k=-1, min_p=0.1, seed=3,
             stop="END", stop_token_ids=[5], ignore_eos=True, min_tokens=2, presence_penalty=0.5,
-            frequency_penalty=-0.5, repetition_penalty=1.2, logprobs=2, stream=True,
+            frequency_penalty=-0.5, repetition_penalty=1.2, logprobs=2, stream=True, n=3,
             stream_options={"include_usage": True, "continuous_usage_stats": True}, unknown_field={"x": 1},
         )
     )  # fmt: skip
@@ -114,7 +116,7 @@ def test_completion_fields_map_to_sampling_params() -> None:
         3, ["END"], [5], True, 2,
     )  # fmt: skip
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.5, 1.2)
-    assert params.logprobs == 2 and params.is_greedy
+    assert params.logprobs == 2 and params.is_greedy and params.n == 3
 
 
 def test_completion_defaults_follow_openai() -> None:
