@@ -1,49 +1,68 @@
-"""Engine knobs as `bench` options under vLLM's flag names, declared once for serve, throughput and sweep.
+"""The engine knobs as `bench` options, generated from the config fields (engine/config.py).
 
-Each is `None` by default: an unset knob keeps the engine config's own default.
+`with_engine_knobs` gives a command one option per engine knob, under the knob's vLLM flag in the "Engine
+knobs" help panel, and hands the command `engine_knobs`: the knobs the user set (an unset knob keeps the
+engine config's own default). A command that also uses a knob for itself (`--model`, sweep's `--seed`)
+declares that parameter with `knob_option`, so the flag and panel stay the knob's and the help says the
+command's meaning; its value is then the command's to pass on.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-ENGINE_PANEL = "Engine knobs"
+from engine.config import KnobSpec, engine_knobs
 
-Dtype = Annotated[str | None, typer.Option(help="auto | float32 | bfloat16 | float16", rich_help_panel=ENGINE_PANEL)]
-Device = Annotated[str | None, typer.Option(help="auto | cpu | cuda", rich_help_panel=ENGINE_PANEL)]
-MaxModelLen = Annotated[
-    int | None, typer.Option(help="Context length (default: the model's).", rich_help_panel=ENGINE_PANEL)
-]
-MaxNumSeqs = Annotated[int | None, typer.Option(help="Most requests in one batch.", rich_help_panel=ENGINE_PANEL)]
-MaxNumBatchedTokens = Annotated[
-    int | None, typer.Option(help="Token budget of one engine step.", rich_help_panel=ENGINE_PANEL)
-]
-EnablePrefixCaching = Annotated[
-    bool | None,
-    typer.Option(
-        "--enable-prefix-caching/--no-enable-prefix-caching",
-        help="Reuse KV blocks of shared prefixes.",
-        rich_help_panel=ENGINE_PANEL,
-    ),
-]
-EnableChunkedPrefill = Annotated[
-    bool | None,
-    typer.Option(
-        "--enable-chunked-prefill/--no-enable-chunked-prefill",
-        help="Split long prompts across steps.",
-        rich_help_panel=ENGINE_PANEL,
-    ),
-]
-BlockSize = Annotated[int | None, typer.Option(help="Tokens per KV block.", rich_help_panel=ENGINE_PANEL)]
-GpuMemoryUtilization = Annotated[
-    float | None,
-    typer.Option(
-        help="Memory fraction for weights + activations + KV cache (CPU: of available RAM).",
-        rich_help_panel=ENGINE_PANEL,
-    ),
-]
-NumGpuBlocksOverride = Annotated[
-    int | None, typer.Option(help="KV-cache size in blocks (skips memory sizing).", rich_help_panel=ENGINE_PANEL)
-]
+ENGINE_PANEL = "Engine knobs"
+KNOBS_PARAMETER = "engine_knobs"
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def knob_option(name: str, default: Any = None, help: str | None = None) -> Any:
+    """The typer.Option of engine knob `name` (its flags, the Engine knobs panel), for a command's own parameter."""
+    spec = engine_knobs()[name]
+    return typer.Option(default, _declaration(spec), help=help or spec.help, rich_help_panel=ENGINE_PANEL)
+
+
+def _declaration(spec: KnobSpec) -> str:
+    return "/".join(spec.flags)
+
+
+def _parameter(spec: KnobSpec) -> inspect.Parameter:
+    option = typer.Option(_declaration(spec), help=spec.help, rich_help_panel=ENGINE_PANEL)
+    return inspect.Parameter(
+        spec.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[spec.value_type | None, option],  # type: ignore[name-defined]
+    )
+
+
+def with_engine_knobs(command: Command) -> Command:
+    """Add an option for every engine knob the command does not declare itself; pass the set ones as `engine_knobs`.
+
+    The command takes an `engine_knobs: dict[str, Any]` parameter, which is not an option.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    if KNOBS_PARAMETER not in signature.parameters:
+        raise TypeError(f"{command.__name__} needs an {KNOBS_PARAMETER} parameter to receive the knobs")
+    own = [p for p in signature.parameters.values() if p.name != KNOBS_PARAMETER]
+    generated = [_parameter(spec) for name, spec in engine_knobs().items() if name not in signature.parameters]
+    generated_names = [p.name for p in generated]
+
+    @functools.wraps(command)
+    def with_knobs(**kwargs: Any) -> Any:
+        knobs = {name: kwargs.pop(name) for name in generated_names}
+        return command(**kwargs, **{KNOBS_PARAMETER: {k: v for k, v in knobs.items() if v is not None}})
+
+    positional = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keyword = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    with_knobs.__signature__ = signature.replace(parameters=[*positional, *generated, *keyword])  # type: ignore[attr-defined]
+    with_knobs.__annotations__ = {p.name: p.annotation for p in [*own, *generated]}
+    return with_knobs  # type: ignore[return-value]

@@ -1,11 +1,22 @@
-"""Engine configuration: one dataclass per component, vLLM's knob names, validated on construction."""
+"""Engine configuration: one dataclass per component, vLLM's knob names, validated on construction.
+
+Every engine knob is one field declared with `knob(...)`: its default, its help text, its vLLM flag and (for
+knobs `bench tune` searches by default) its search range live in the field. The `bench serve / throughput /
+sweep` options (engine/cli_options.py), the flags a launched engine gets (sweep/launcher.py) and the tuner's
+knob space (sweep/tune/space.py) are all generated from `engine_knobs()`, so a new field is a new knob
+everywhere.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATION_METHODS = ("none",)
 
 
 class ConfigError(ValueError):
@@ -17,14 +28,60 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+@dataclass(frozen=True)
+class SearchRange:
+    """The values `bench tune` tries for a knob by default: on the CPU, and on a GPU (`cuda`, default: the same).
+
+    With `fraction_of_model_len` the values are fractions of the model's context length (max_model_len).
+    """
+
+    cpu: tuple[Any, ...]
+    cuda: tuple[Any, ...] | None = None
+    fraction_of_model_len: bool = False
+
+
+def knob(default: Any, *, help: str, flag: str | None = None, search: SearchRange | None = None) -> Any:
+    """A config field that is an engine knob. `flag` defaults to `--` + the name with dashes."""
+    return field(default=default, metadata={"help": help, "flag": flag, "search": search})
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One engine knob as the command lines see it, read off its config field."""
+
+    name: str
+    component: str  # the EngineConfig attribute that holds it: model_config, cache_config, scheduler_config
+    value_type: type  # int, float, str or bool (an optional knob's non-None type)
+    default: Any
+    help: str
+    flag: str
+    search: SearchRange | None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Every flag of the knob: booleans take vLLM's `--enable-x/--no-enable-x` pair."""
+        return (self.flag, "--no-" + self.flag[2:]) if self.value_type is bool else (self.flag,)
+
+    def args(self, value: Any) -> list[str]:
+        """The command-line arguments that set the knob to `value` (`['--max-num-seqs', '8']`)."""
+        if self.value_type is bool:
+            return [self.flags[0] if value else self.flags[1]]
+        return [self.flag, str(value)]
+
+
 @dataclass
 class ModelConfig:
-    model: str = "smollm2-135m"
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None  # None: the model's own context length
-    seed: int = 0
-    device: str = "auto"
+    model: str = knob("smollm2-135m", help="Model alias, HF directory, .gguf file or hub id.")
+    tokenizer: str | None = knob(None, help="Tokenizer to use instead of the model's own.")
+    dtype: str = knob("auto", help=" | ".join(DTYPES))
+    max_model_len: int | None = knob(
+        None,
+        help="Context length (default: the model's).",
+        search=SearchRange(cpu=(0.25, 0.5, 1.0), fraction_of_model_len=True),
+    )
+    seed: int = knob(0, help="Engine seed.")
+    device: str = knob("auto", help=" | ".join(DEVICES))
+    quantization: str = knob("none", help="Weight quantization method: " + " | ".join(QUANTIZATION_METHODS))
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model must be a non-empty alias, HF directory, hub id or .gguf path")
@@ -34,16 +91,24 @@ class ModelConfig:
             self.max_model_len is None or self.max_model_len > 0,
             f"max_model_len must be positive, got {self.max_model_len}",
         )
+        _check(
+            self.quantization in QUANTIZATION_METHODS,
+            f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}",
+        )
 
 
 @dataclass
 class CacheConfig:
-    block_size: int = 16
-    # Fraction of device memory (on the CPU: of available RAM) for weights + activations + KV cache.
-    gpu_memory_utilization: float = 0.9
-    # Explicit KV-cache size in blocks; skips the memory-based sizing when set.
-    num_gpu_blocks_override: int | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = knob(
+        True, help="Reuse KV blocks of shared prefixes.", search=SearchRange(cpu=(False, True))
+    )
+    block_size: int = knob(16, help="Tokens per KV block.", search=SearchRange(cpu=(8, 16, 32)))
+    gpu_memory_utilization: float = knob(
+        0.9,
+        help="Memory fraction for weights + activations + KV cache (CPU: of available RAM).",
+        search=SearchRange(cpu=(0.7, 0.8, 0.9, 0.95)),
+    )
+    num_gpu_blocks_override: int | None = knob(None, help="KV-cache size in blocks (skips memory sizing).")
 
     def __post_init__(self) -> None:
         _check(
@@ -62,9 +127,19 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
+    max_num_seqs: int = knob(
+        256,
+        help="Most requests in one batch.",
+        search=SearchRange(cpu=(2, 4, 8, 16, 32), cuda=(16, 32, 64, 128, 256, 512)),
+    )
+    max_num_batched_tokens: int = knob(
+        2048,
+        help="Token budget of one engine step.",
+        search=SearchRange(cpu=(256, 512, 1024, 2048), cuda=(1024, 2048, 4096, 8192, 16384)),
+    )
+    enable_chunked_prefill: bool = knob(
+        True, help="Split long prompts across steps.", search=SearchRange(cpu=(False, True))
+    )
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs > 0, f"max_num_seqs must be positive, got {self.max_num_seqs}")
@@ -74,40 +149,74 @@ class SchedulerConfig:
         )
 
 
+COMPONENTS: dict[str, type] = {
+    "model_config": ModelConfig,
+    "cache_config": CacheConfig,
+    "scheduler_config": SchedulerConfig,
+}
+
+
+def _knob_type(annotation: Any) -> type:
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    (base,) = options
+    return base
+
+
+@cache
+def engine_knobs() -> dict[str, KnobSpec]:
+    """Every engine knob by name, in declaration order (model, cache, scheduler)."""
+    specs: dict[str, KnobSpec] = {}
+    for component, cls in COMPONENTS.items():
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            specs[f.name] = KnobSpec(
+                name=f.name,
+                component=component,
+                value_type=_knob_type(hints[f.name]),
+                default=None if f.default is MISSING else f.default,
+                help=f.metadata["help"],
+                flag=f.metadata["flag"] or "--" + f.name.replace("_", "-"),
+                search=f.metadata["search"],
+            )
+    return specs
+
+
+def knob_args(knobs: dict[str, Any]) -> list[str]:
+    """{'max_num_seqs': 8, 'enable_prefix_caching': False} -> ['--max-num-seqs', '8', '--no-enable-prefix-caching'].
+
+    Knobs set to None (the engine default) give no flag; a name that is not an engine knob is a ConfigError.
+    """
+    specs = engine_knobs()
+    if unknown := sorted(set(knobs) - set(specs)):
+        raise ConfigError(f"unknown engine knob(s): {', '.join(unknown)}; the engine has {', '.join(specs)}")
+    return [arg for name, value in knobs.items() if value is not None for arg in specs[name].args(value)]
+
+
+def model_context_length(model: str) -> int:
+    """The model's own context length, from its config.json (ModelNotFoundError when there is no such model)."""
+    from engine.model_files import load_hf_config, resolve_model
+    from engine.models.arch_config import ArchConfig
+
+    return ArchConfig.from_hf(load_hf_config(resolve_model(model))).max_model_len
+
+
 @dataclass
 class EngineConfig:
+    """The engine's whole configuration. After construction `model_config.max_model_len` is an int.
+
+    `from_kwargs`, which every entry point uses, reads the model's context length: it fills max_model_len when
+    unset and rejects a longer one. Built directly, the config reads the model only when max_model_len is unset
+    (so tests can build one for a scheduler without any model).
+    """
+
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
 
-    @classmethod
-    def from_kwargs(cls, **knobs: object) -> EngineConfig:
-        """Build from flat vLLM-style keyword knobs (`max_num_seqs=8, dtype="float32", ...`)."""
-        parts: dict[str, dict[str, object]] = {}
-        for part_name, part_cls in (
-            ("model_config", ModelConfig),
-            ("cache_config", CacheConfig),
-            ("scheduler_config", SchedulerConfig),
-        ):
-            names = {f.name for f in fields(part_cls)}
-            parts[part_name] = {k: knobs.pop(k) for k in list(knobs) if k in names}
-        if knobs:
-            raise ConfigError(f"unknown engine knob(s): {', '.join(sorted(knobs))}")
-        return cls(
-            model_config=ModelConfig(**parts["model_config"]),  # type: ignore[arg-type]
-            cache_config=CacheConfig(**parts["cache_config"]),  # type: ignore[arg-type]
-            scheduler_config=SchedulerConfig(**parts["scheduler_config"]),  # type: ignore[arg-type]
-        )
-
-    def finalize(self, model_max_len: int) -> None:
-        """Resolve max_model_len against the model and check the scheduler can serve it."""
+    def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
         if mc.max_model_len is None:
-            mc.max_model_len = model_max_len
-        _check(
-            mc.max_model_len <= model_max_len,
-            f"max_model_len={mc.max_model_len} exceeds the model's context length {model_max_len}",
-        )
+            mc.max_model_len = model_context_length(mc.model)
         if not sc.enable_chunked_prefill:
             _check(
                 sc.max_num_batched_tokens >= mc.max_model_len,
@@ -115,3 +224,26 @@ class EngineConfig:
                 f"({mc.max_model_len}) when chunked prefill is off; raise it, lower max_model_len, "
                 "or pass --enable-chunked-prefill",
             )
+
+    @classmethod
+    def from_kwargs(cls, **knobs: Any) -> EngineConfig:
+        """Build from flat vLLM-style keyword knobs (`max_num_seqs=8, dtype="float32", ...`).
+
+        Every knob is validated before the model is looked at; then max_model_len is resolved against it.
+        """
+        specs = engine_knobs()
+        if unknown := sorted(set(knobs) - set(specs)):
+            raise ConfigError(f"unknown engine knob(s): {', '.join(unknown)}")
+        parts = {
+            component: cls_(**{k: v for k, v in knobs.items() if specs[k].component == component})
+            for component, cls_ in COMPONENTS.items()
+        }
+        mc: ModelConfig = parts["model_config"]
+        context_length = model_context_length(mc.model)
+        if mc.max_model_len is None:
+            mc.max_model_len = context_length
+        _check(
+            mc.max_model_len <= context_length,
+            f"max_model_len={mc.max_model_len} exceeds the model's context length {context_length}",
+        )
+        return cls(**parts)

@@ -78,8 +78,7 @@ class ModelRunner:
         hf_config = load_hf_config(self.model_path)
         self.arch = ArchConfig.from_hf(hf_config)
         self.dtype = resolve_dtype(mc.dtype, self.device, self.arch.torch_dtype)
-        config.finalize(self.arch.max_model_len)
-        assert mc.max_model_len is not None
+        assert mc.max_model_len is not None, "EngineConfig resolves max_model_len against the model"
         self.max_model_len: int = mc.max_model_len
         self.block_size = config.cache_config.block_size
         self.vocab_size = self.arch.vocab_size

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from engine.cli_options import (
-    ENGINE_PANEL,
-    BlockSize,
-    Dtype,
-    EnableChunkedPrefill,
-    EnablePrefixCaching,
-    GpuMemoryUtilization,
-    MaxNumBatchedTokens,
-    MaxNumSeqs,
-)
+from engine.cli_options import knob_option, with_engine_knobs
 from sweep.results import ReportRenderer
 
 LOAD_PANEL = "Load"
@@ -46,8 +38,10 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+@with_engine_knobs
 def sweep(
     ctx: typer.Context,
+    engine_knobs: dict[str, Any],
     concurrency: str | None = typer.Option(
         None, help="Closed-loop streams per point, e.g. 1,2,4,8.", rich_help_panel=LOAD_PANEL
     ),
@@ -81,9 +75,12 @@ def sweep(
     url: str | None = typer.Option(
         None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
     ),
-    model: str = typer.Option("smollm2-135m", help="Model name (sent in requests; the built-in engine loads it)."),
-    tokenizer: str | None = typer.Option(
-        None, help="Tokenizer for prompt synthesis (alias, HF dir, hub id); default: --model."
+    model: str = knob_option(
+        "model", "smollm2-135m", help="Model name (sent in requests; the built-in engine loads it)."
+    ),
+    tokenizer: str | None = knob_option(
+        "tokenizer", help="Tokenizer for prompt synthesis (alias, HF dir, hub id), and the built-in engine's; "
+        "default: --model."
     ),
     api_key: str | None = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the target."),
     endpoint: str = typer.Option("completions", help="completions | chat.", rich_help_panel=WORKLOAD_PANEL),
@@ -99,22 +96,17 @@ def sweep(
     random_range_ratio: float = typer.Option(
         0.0, help="random: lengths uniform in L*(1 +- r).", rich_help_panel=WORKLOAD_PANEL
     ),
-    seed: int = typer.Option(0, help="Workload seed.", rich_help_panel=WORKLOAD_PANEL),
+    seed: int | None = knob_option(
+        "seed", help="Workload seed (default 0); when given, the built-in engine's seed too."
+    ),
     fit_policy: str = typer.Option(
         "clip",
         help="How requests longer than --max-model-len are fitted: clip | drop | rescale.",
         rich_help_panel=WORKLOAD_PANEL,
     ),
-    max_model_len: int | None = typer.Option(
-        None, help="Fit the workload to this context (and the engine knob).", rich_help_panel=ENGINE_PANEL
+    max_model_len: int | None = knob_option(
+        "max_model_len", help="Fit the workload to this context (and the built-in engine's max_model_len)."
     ),
-    max_num_seqs: MaxNumSeqs = None,
-    max_num_batched_tokens: MaxNumBatchedTokens = None,
-    enable_prefix_caching: EnablePrefixCaching = None,
-    enable_chunked_prefill: EnableChunkedPrefill = None,
-    block_size: BlockSize = None,
-    dtype: Dtype = None,
-    gpu_memory_utilization: GpuMemoryUtilization = None,
     output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
     client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
@@ -136,18 +128,10 @@ def sweep(
     if (concurrency is None) == (request_rate is None):
         _fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
     mode = "concurrency" if concurrency is not None else "rate"
-    knobs = {
-        "max_model_len": max_model_len,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "enable_prefix_caching": enable_prefix_caching,
-        "enable_chunked_prefill": enable_chunked_prefill,
-        "block_size": block_size,
-        "dtype": dtype,
-        "gpu_memory_utilization": gpu_memory_utilization,
-    }
-    if url is not None and any(v is not None for k, v in knobs.items() if k != "max_model_len"):
+    if url is not None and engine_knobs:
         _fail("engine knobs apply only to the built-in engine; drop them or drop --url")
+    shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
+    knobs = {**engine_knobs, **{k: v for k, v in shared.items() if v is not None}}
     try:
         config = SweepConfig(
             output_dir=output_dir,
@@ -159,7 +143,7 @@ def sweep(
             model=model,
             tokenizer=tokenizer,
             api_key=api_key,
-            engine_knobs={k: v for k, v in knobs.items() if v is not None} if url is None else {},
+            engine_knobs=knobs if url is None else {},
             workload=WorkloadConfig(
                 workload=workload,
                 input_len=input_len if input_len is not None else (1024 if workload in ("fixed", "random") else None),
@@ -167,7 +151,7 @@ def sweep(
                 range_ratio=random_range_ratio,
                 max_model_len=max_model_len,
                 fit_policy=fit_policy,
-                seed=seed,
+                seed=seed if seed is not None else 0,
                 endpoint=endpoint,
             ),
             num_prompts=num_prompts,

@@ -40,17 +40,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def knob_flags(knobs: dict[str, Any]) -> list[str]:
-    """{'max_num_seqs': 8, 'enable_prefix_caching': False} -> ['--max-num-seqs', '8', '--no-enable-prefix-caching']"""
-    flags: list[str] = []
-    for name, value in knobs.items():
-        if value is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
+    """{'max_num_seqs': 8, 'enable_prefix_caching': False} -> ['--max-num-seqs', '8', '--no-enable-prefix-caching']
+
+    Each engine knob under the vLLM flag its config field declares; None (the engine default) gives no flag, and a
+    name that is not an engine knob is a ValueError.
+    """
+    from engine.config import knob_args
+
+    return knob_args(knobs)
 
 
 def die_with_parent() -> Callable[[], None] | None:

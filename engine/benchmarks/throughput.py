@@ -29,17 +29,7 @@ from typing import Any
 
 import typer
 
-from engine.cli_options import (
-    BlockSize,
-    Device,
-    EnableChunkedPrefill,
-    EnablePrefixCaching,
-    GpuMemoryUtilization,
-    MaxModelLen,
-    MaxNumBatchedTokens,
-    MaxNumSeqs,
-    NumGpuBlocksOverride,
-)
+from engine.cli_options import knob_option, with_engine_knobs
 
 
 @dataclass
@@ -211,30 +201,26 @@ def run_hf(model: str, requests: list[BenchRequest], dtype_name: str, batch_size
     return ThroughputResult.measure("hf", model, str(dtype).removeprefix("torch."), requests, elapsed)
 
 
+@with_engine_knobs
 def throughput(
+    engine_knobs: dict[str, Any],
     backend: str = typer.Option("engine", help="engine | hf (transformers generate, static batches)"),
-    model: str = typer.Option("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
+    model: str = knob_option("model", "smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
     num_prompts: int = typer.Option(32, help="Number of requests."),
     input_len: int | None = typer.Option(None, help="Prompt tokens per request (random ids) [default: 256]."),
     output_len: int | None = typer.Option(None, help="Output tokens per request, EOS ignored [default: 128]."),
     workload: str | None = typer.Option(
         None, help="Take lengths from a workload (`bench workloads list`); generators also take the lengths."
     ),
-    seed: int = typer.Option(0, help="Seed of the prompts (and the engine)."),
+    seed: int = knob_option("seed", 0, help="Seed of the prompts and of the engine."),
     output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
     hf_batch_size: int = typer.Option(32, help="Static batch size of --backend hf."),
-    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
-    device: Device = None,
-    max_model_len: MaxModelLen = None,
-    max_num_seqs: MaxNumSeqs = None,
-    max_num_batched_tokens: MaxNumBatchedTokens = None,
-    enable_prefix_caching: EnablePrefixCaching = None,
-    enable_chunked_prefill: EnableChunkedPrefill = None,
-    block_size: BlockSize = None,
-    gpu_memory_utilization: GpuMemoryUtilization = None,
-    num_gpu_blocks_override: NumGpuBlocksOverride = None,
 ) -> None:
-    """Offline throughput of the engine or of HF transformers, vLLM `bench throughput` style."""
+    """Offline throughput of the engine or of HF transformers, vLLM `bench throughput` style.
+
+    --backend hf uses --dtype (and --tokenizer, --max-model-len for the prompts); the other engine knobs are the
+    engine's only.
+    """
     if backend not in ("engine", "hf"):
         raise typer.BadParameter(f"--backend must be engine or hf, got {backend!r}")
     if num_prompts < 1 or hf_batch_size < 1:
@@ -253,7 +239,7 @@ def throughput(
         try:  # generators take --input-len/--output-len; shipped mixes refuse them with a clear message
             specs = workloads.load(
                 workload, num_requests=num_prompts, seed=seed, input_len=input_len, output_len=output_len,
-                max_model_len=max_model_len or arch.max_model_len,
+                max_model_len=engine_knobs.get("max_model_len") or arch.max_model_len,
             )  # fmt: skip
         except ValueError as error:
             raise typer.BadParameter(str(error)) from error
@@ -261,19 +247,13 @@ def throughput(
     if any(i < 1 or o < 1 for i, o in lengths):
         raise typer.BadParameter("every request needs input and output lengths >= 1")
 
-    requests = make_requests(get_tokenizer(model), num_prompts, lengths, arch.vocab_size, seed)
+    tokenizer = get_tokenizer(engine_knobs.get("tokenizer") or model)
+    requests = make_requests(tokenizer, num_prompts, lengths, arch.vocab_size, seed)
     if backend == "engine":
-        knobs = {
-            "dtype": dtype, "device": device, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens, "enable_prefix_caching": enable_prefix_caching,
-            "enable_chunked_prefill": enable_chunked_prefill, "block_size": block_size,
-            "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
-            "seed": seed,
-        }  # fmt: skip
         with _clean_errors(), _engine_logs():
-            result = run_engine(model, requests, {k: v for k, v in knobs.items() if v is not None})
+            result = run_engine(model, requests, {**engine_knobs, "seed": seed})
     else:
-        result = run_hf(model, requests, dtype, hf_batch_size)
+        result = run_hf(model, requests, engine_knobs.get("dtype", "auto"), hf_batch_size)
     typer.echo(
         f"Throughput: {result.requests_per_second:.2f} requests/s, {result.tokens_per_second:.2f} total tokens/s, "
         f"{result.output_tokens_per_second:.2f} output tokens/s ({result.num_requests} requests, "

@@ -8,43 +8,24 @@ from typing import Any
 
 import typer
 
-from engine.cli_options import (
-    BlockSize,
-    Device,
-    Dtype,
-    EnableChunkedPrefill,
-    EnablePrefixCaching,
-    GpuMemoryUtilization,
-    MaxModelLen,
-    MaxNumBatchedTokens,
-    MaxNumSeqs,
-    NumGpuBlocksOverride,
-)
+from engine.cli_options import knob_option, with_engine_knobs
 
 logger = logging.getLogger("servelab.server")
 
 
+@with_engine_knobs
 def serve(
+    engine_knobs: dict[str, Any],
     model_tag: str | None = typer.Argument(None, metavar="MODEL", help="The model, as `vllm serve MODEL` takes it."),
-    model: str | None = typer.Option(None, help="Model alias, HF dir, .gguf file or hub id [default: smollm2-135m]."),
+    model: str | None = knob_option(
+        "model", help="Model alias, HF dir, .gguf file or hub id (or the MODEL argument); default: smollm2-135m."
+    ),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (0.0.0.0 exposes the server to the network)."),
     port: int = typer.Option(8000, help="Port to listen on; 0 picks a free one."),
     api_key: str | None = typer.Option(
         None, envvar="SERVELAB_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 and the tokenizer routes."
     ),
     served_model_name: str | None = typer.Option(None, help="Model name the API answers to (default: --model)."),
-    tokenizer: str | None = typer.Option(None, help="Tokenizer to use instead of the model's own."),
-    dtype: Dtype = None,
-    device: Device = None,
-    max_model_len: MaxModelLen = None,
-    gpu_memory_utilization: GpuMemoryUtilization = None,
-    num_gpu_blocks_override: NumGpuBlocksOverride = None,
-    max_num_seqs: MaxNumSeqs = None,
-    max_num_batched_tokens: MaxNumBatchedTokens = None,
-    enable_prefix_caching: EnablePrefixCaching = None,
-    enable_chunked_prefill: EnableChunkedPrefill = None,
-    block_size: BlockSize = None,
-    seed: int | None = typer.Option(None, help="Engine seed."),
     max_request_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body accepted (413 above)."),
     shutdown_timeout: float = typer.Option(5.0, help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
@@ -55,18 +36,11 @@ def serve(
     model = model_tag or model or "smollm2-135m"
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level must be debug, info, warning or error, got {log_level!r}")
-    knobs: dict[str, Any] = {
-        "model": model, "tokenizer": tokenizer, "dtype": dtype, "device": device, "max_model_len": max_model_len,
-        "gpu_memory_utilization": gpu_memory_utilization, "num_gpu_blocks_override": num_gpu_blocks_override,
-        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-        "enable_prefix_caching": enable_prefix_caching, "enable_chunked_prefill": enable_chunked_prefill,
-        "block_size": block_size, "seed": seed,
-    }  # fmt: skip
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     code = run_server(
-        {k: v for k, v in knobs.items() if v is not None},
+        {"model": model, **engine_knobs},
         host=host, port=port, api_key=api_key, served_model_name=served_model_name,
         max_request_bytes=max_request_bytes, shutdown_timeout=shutdown_timeout,
     )  # fmt: skip
@@ -92,6 +66,8 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
     try:
         config = EngineConfig.from_kwargs(**knobs)
         server_config = ServerConfig(**server_options)
+    except ModelNotFoundError as error:
+        return _fail(f"cannot load model {knobs.get('model')!r}: {error}")
     except (ConfigError, ValueError) as error:
         return _fail(str(error))
     try:

@@ -14,10 +14,11 @@ from sweep.results import ReportRenderer
 
 
 def _model_max_len(model: str) -> int | None:
+    """The built-in engine's context length for the model (what it accepts as max_model_len)."""
     try:
-        from engine.model_files import load_hf_config, resolve_model
+        from engine.config import model_context_length
 
-        return int(load_hf_config(resolve_model(model)).get("max_position_embeddings") or 0) or None
+        return model_context_length(model)
     except Exception:  # an external engine's model we cannot open here: no context-length filter
         return None
 

@@ -1,13 +1,13 @@
-"""The tuner's search space: one `Knob` declaration per engine knob, vLLM's names, `bench serve` flags.
+"""The tuner's search space over the engine knobs, generated from the engine config fields (engine/config.py).
 
-A new engine knob is one entry in `DEFAULT_KNOBS` (plus, for knobs that only exist in some engine versions,
-the engine config field it needs). Values the device or workload cannot use are dropped up front and the reason
-is kept in `SearchSpace.notes`, which the CLI prints.
+A knob whose field declares a `SearchRange` is searched by default; a space file can search, pin or drop any
+engine knob, and a name that is not one is an error listing the valid names. Values the device or workload
+cannot use are dropped up front by the device filters (keyed by knob name) and the reason is kept in
+`SearchSpace.notes`, which the CLI prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from collections.abc import Callable, Sequence
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
+from engine.config import COMPONENTS, SearchRange, engine_knobs
 
 KNOB_KINDS = ("int", "float", "bool", "categorical")
 
@@ -32,7 +34,6 @@ class DeviceInfo:
     num_devices: int = 1
     model_max_len: int | None = None  # the model's context length, when known
     min_model_len: int = 1  # the workload's longest prompt + output: shorter max_model_len cannot serve it
-    engine_fields: frozenset[str] = frozenset()  # every knob name the engine config dataclasses accept
 
     @classmethod
     def detect(cls, model_max_len: int | None = None, min_model_len: int = 1) -> DeviceInfo:
@@ -44,19 +45,12 @@ class DeviceInfo:
             num_devices=torch.cuda.device_count() if cuda else 1,
             model_max_len=model_max_len,
             min_model_len=min_model_len,
-            engine_fields=engine_knob_names(),
         )
 
 
-def engine_knob_names() -> frozenset[str]:
-    """Every field of every `*Config` dataclass in engine/config.py: the knobs this engine version has."""
-    import engine.config as engine_config
-
-    names: set[str] = set()
-    for obj in vars(engine_config).values():
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__name__.endswith("Config"):
-            names.update(f.name for f in dataclasses.fields(obj))
-    return frozenset(names)
+def engine_knob_names() -> list[str]:
+    """Every engine knob (a field of an engine config dataclass), in declaration order."""
+    return list(engine_knobs())
 
 
 @dataclass
@@ -70,7 +64,6 @@ class Knob:
     high: float | None = None
     log: bool = False
     step: float | None = None
-    requires_field: str | None = None  # declared only when the engine config has this field
     # Drops, in place, the values the device/workload cannot use; returns a message saying what and why, or None.
     device_filter: Callable[[Knob, DeviceInfo], str | None] | None = None
 
@@ -131,10 +124,6 @@ def _filter_max_model_len(knob: Knob, dev: DeviceInfo) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-def _filter_tensor_parallel(knob: Knob, dev: DeviceInfo) -> str | None:
-    return _keep_choices(knob, lambda v: v <= dev.num_devices, f"only {dev.num_devices} {dev.device} device(s)")
-
-
 def _filter_gpu_memory_utilization(knob: Knob, dev: DeviceInfo) -> str | None:
     if dev.device == "cuda":
         return None
@@ -143,36 +132,33 @@ def _filter_gpu_memory_utilization(knob: Knob, dev: DeviceInfo) -> str | None:
             "the engine default is used")
 
 
-def _filter_quantization(knob: Knob, dev: DeviceInfo) -> str | None:
-    import engine.config as engine_config
+DEVICE_FILTERS: dict[str, Callable[[Knob, DeviceInfo], str | None]] = {
+    "max_model_len": _filter_max_model_len,
+    "gpu_memory_utilization": _filter_gpu_memory_utilization,
+}
 
-    supported = getattr(engine_config, "QUANTIZATION_METHODS", None)
-    if supported is None:
-        return None
-    return _keep_choices(knob, lambda v: v is None or v in supported, "not a quantization method this engine has")
+
+def _default_choices(search: SearchRange, dev: DeviceInfo) -> list[Any]:
+    values = list(search.cuda if dev.device == "cuda" and search.cuda is not None else search.cpu)
+    if not search.fraction_of_model_len:
+        return values
+    if dev.model_max_len is None:
+        return [None]  # the model's context length is unknown: the engine default
+    return sorted({int(dev.model_max_len * fraction) for fraction in values})
 
 
 def default_knobs(dev: DeviceInfo) -> list[Knob]:
-    """The default space: sensible ranges for the device (small batches on a CPU, large on a GPU)."""
-    cuda = dev.device == "cuda"
+    """The default space: every engine knob whose field declares a search range, with the device's values.
+
+    The scheduler's knobs come first, then the cache's, then the model's: a sampler's draws follow this order, so
+    it is what keeps a seeded study's trials the same.
+    """
+    specs = sorted(engine_knobs().values(), key=lambda spec: -list(COMPONENTS).index(spec.component))
     return [
-        Knob("max_num_seqs", "categorical", choices=[16, 32, 64, 128, 256, 512] if cuda else [2, 4, 8, 16, 32]),
-        Knob("max_num_batched_tokens", "categorical",
-             choices=[1024, 2048, 4096, 8192, 16384] if cuda else [256, 512, 1024, 2048]),
-        Knob("enable_chunked_prefill", "bool"),
-        Knob("enable_prefix_caching", "bool"),
-        Knob("block_size", "categorical", choices=[8, 16, 32]),
-        Knob("gpu_memory_utilization", "categorical", choices=[0.7, 0.8, 0.9, 0.95],
-             device_filter=_filter_gpu_memory_utilization),
-        Knob("max_model_len", "categorical", device_filter=_filter_max_model_len,
-             choices=[None] if dev.model_max_len is None else sorted({dev.model_max_len // 4, dev.model_max_len // 2,
-                                                                      dev.model_max_len})),
-        Knob("tensor_parallel_size", "categorical", choices=[1, 2, 4, 8], requires_field="tensor_parallel_size",
-             device_filter=_filter_tensor_parallel),
-        Knob("quantization", "categorical", choices=[None, "fp8", "int8"], requires_field="quantization",
-             device_filter=_filter_quantization),
-        Knob("num_speculative_tokens", "categorical", choices=[0, 1, 2, 3, 4, 5],
-             requires_field="num_speculative_tokens"),
+        Knob(spec.name, "bool" if spec.value_type is bool else "categorical",
+             choices=_default_choices(spec.search, dev), device_filter=DEVICE_FILTERS.get(spec.name))
+        for spec in specs
+        if spec.search is not None
     ]
 
 
@@ -227,8 +213,8 @@ def _load_space_file(path: Path) -> dict[str, Any]:
 
 
 def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, spec: Any, dev: DeviceInfo) -> None:
-    if name not in knobs and name not in dev.engine_fields:
-        raise SpaceError(f"space file: unknown knob {name!r}; this engine has: {', '.join(sorted(dev.engine_fields))}")
+    if name not in engine_knobs():
+        raise SpaceError(f"space file: unknown knob {name!r}; the engine knobs are: {', '.join(engine_knob_names())}")
     if spec is None:  # removed from the space: the engine default applies
         knobs.pop(name, None)
     elif isinstance(spec, dict):
@@ -255,7 +241,7 @@ def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, sp
             settings["choices"] = None
         keep = {} if base is None else {k: getattr(base, k) for k in ("choices", "low", "high", "log", "step")}
         keep.update(settings)
-        knobs[name] = Knob(name, kind, device_filter=base.device_filter if base else None, **keep)
+        knobs[name] = Knob(name, kind, device_filter=DEVICE_FILTERS.get(name), **keep)
     else:  # a bare value pins the knob
         knobs.pop(name, None)
         fixed[name] = spec
@@ -264,11 +250,7 @@ def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, sp
 def build_space(dev: DeviceInfo, space_file: str | Path | None = None) -> SearchSpace:
     """Default knobs for the device, overridden by the space file, minus what the device/engine cannot use."""
     notes: list[str] = []
-    knobs: dict[str, Knob] = {}
-    for knob in default_knobs(dev):
-        if knob.requires_field and knob.requires_field not in dev.engine_fields:
-            continue  # the engine does not have this knob yet
-        knobs[knob.name] = knob
+    knobs = {knob.name: knob for knob in default_knobs(dev)}
     fixed: dict[str, Any] = {}
     if space_file is not None:
         path = Path(space_file)

@@ -1,32 +1,47 @@
-"""Engine configs: vLLM's knob names reach the right dataclass; every bad value is a ConfigError naming the knob."""
+"""Engine configs: vLLM's knob names reach the right dataclass; every bad value is a ConfigError naming the knob;
+max_model_len is resolved against the model when the config is built; every knob is declared once, on its field."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
-from engine.config import ConfigError, EngineConfig
+from engine.config import (
+    COMPONENTS,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    engine_knobs,
+    knob_args,
+    model_context_length,
+)
+from engine.model_files import ModelNotFoundError
 
 
 def test_flat_knobs_land_in_their_component() -> None:
     config = EngineConfig.from_kwargs(
         model="tiny-random", tokenizer="smollm2-135m", dtype="bfloat16", max_model_len=128, seed=3, device="cpu",
-        block_size=32, gpu_memory_utilization=0.5, num_gpu_blocks_override=40, enable_prefix_caching=False,
-        max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=False,
+        quantization="none", block_size=32, gpu_memory_utilization=0.5, num_gpu_blocks_override=40,
+        enable_prefix_caching=False, max_num_seqs=4, max_num_batched_tokens=128, enable_chunked_prefill=False,
     )  # fmt: skip
     mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
-    assert (mc.model, mc.tokenizer, mc.dtype, mc.max_model_len, mc.seed, mc.device) == (
-        "tiny-random", "smollm2-135m", "bfloat16", 128, 3, "cpu",
+    assert (mc.model, mc.tokenizer, mc.dtype, mc.max_model_len, mc.seed, mc.device, mc.quantization) == (
+        "tiny-random", "smollm2-135m", "bfloat16", 128, 3, "cpu", "none",
     )  # fmt: skip
     assert (cc.block_size, cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.enable_prefix_caching) == (
         32, 0.5, 40, False,
     )  # fmt: skip
-    assert (sc.max_num_seqs, sc.max_num_batched_tokens, sc.enable_chunked_prefill) == (4, 64, False)
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens, sc.enable_chunked_prefill) == (4, 128, False)
 
 
 def test_defaults_follow_the_issue() -> None:
-    config = EngineConfig.from_kwargs()
-    assert config.model_config.model == "smollm2-135m" and config.cache_config.block_size == 16
-    assert config.model_config.dtype == "auto" and config.model_config.device == "auto"
+    mc, cc = ModelConfig(), CacheConfig()
+    assert mc.model == "smollm2-135m" and cc.block_size == 16 and mc.quantization == "none"
+    assert mc.dtype == "auto" and mc.device == "auto" and mc.max_model_len is None
 
 
 @pytest.mark.parametrize(
@@ -36,6 +51,7 @@ def test_defaults_follow_the_issue() -> None:
         ({"device": "tpu"}, "device"),
         ({"model": ""}, "model"),
         ({"max_model_len": 0}, "max_model_len"),
+        ({"quantization": "fp8"}, "quantization"),
         ({"block_size": 0}, "block_size"),
         ({"block_size": 24}, "block_size"),
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
@@ -46,19 +62,57 @@ def test_defaults_follow_the_issue() -> None:
         ({"max_num_sequences": 4}, "max_num_sequences"),
     ],
 )
-def test_bad_knobs_are_config_errors_naming_the_knob(knobs: dict[str, object], named: str) -> None:
+def test_bad_knobs_are_config_errors_naming_the_knob(knobs: dict[str, object], named: str, tmp_path: Path) -> None:
+    knobs = {"model": str(tmp_path / "no-such-model"), **knobs}  # checked before the model is looked at
     with pytest.raises(ConfigError, match=named):
         EngineConfig.from_kwargs(**knobs)
 
 
-def test_finalize_resolves_max_model_len_and_checks_the_budget() -> None:
-    config = EngineConfig.from_kwargs()
-    config.finalize(model_max_len=2048)
-    assert config.model_config.max_model_len == 2048
-    with pytest.raises(ConfigError, match="context length 512"):
-        EngineConfig.from_kwargs(max_model_len=1024).finalize(model_max_len=512)
-    no_chunking = EngineConfig.from_kwargs(max_model_len=256, max_num_batched_tokens=64, enable_chunked_prefill=False)
+def test_quantization_error_lists_the_valid_methods() -> None:
+    with pytest.raises(ConfigError, match=r"quantization must be one of \('none',\), got 'int8'"):
+        ModelConfig(quantization="int8")
+
+
+def test_max_model_len_is_resolved_against_the_model_when_the_config_is_built(tmp_path: Path) -> None:
+    context = model_context_length("tiny-random")
+    assert EngineConfig.from_kwargs(model="tiny-random").model_config.max_model_len == context
+    assert EngineConfig.from_kwargs(model="tiny-random", max_model_len=64).model_config.max_model_len == 64
+    with pytest.raises(ConfigError, match=f"max_model_len={context + 1} exceeds the model's context length {context}"):
+        EngineConfig.from_kwargs(model="tiny-random", max_model_len=context + 1)
+    with pytest.raises(ModelNotFoundError):
+        EngineConfig.from_kwargs(model=str(tmp_path / "missing"))
+    # built directly, an unset max_model_len is read off the model too
+    assert EngineConfig(ModelConfig(model="tiny-random")).model_config.max_model_len == context
+
+
+def test_direct_construction_with_a_length_needs_no_model(tmp_path: Path) -> None:
+    config = EngineConfig(ModelConfig(model=str(tmp_path / "none"), max_model_len=64), CacheConfig(), SchedulerConfig())
+    assert config.model_config.max_model_len == 64
+
+
+def test_chunked_prefill_off_needs_a_budget_of_max_model_len() -> None:
+    no_chunking = SchedulerConfig(max_num_batched_tokens=64, enable_chunked_prefill=False)
     with pytest.raises(ConfigError, match="--enable-chunked-prefill"):
-        no_chunking.finalize(model_max_len=512)
-    chunking = EngineConfig.from_kwargs(max_model_len=256, max_num_batched_tokens=64, enable_chunked_prefill=True)
-    chunking.finalize(model_max_len=512)  # a small budget is fine when prompts can be split
+        EngineConfig(ModelConfig(max_model_len=256), CacheConfig(), no_chunking)
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        EngineConfig.from_kwargs(model="tiny-random", max_num_batched_tokens=64, enable_chunked_prefill=False)
+    chunking = SchedulerConfig(max_num_batched_tokens=64, enable_chunked_prefill=True)
+    EngineConfig(ModelConfig(max_model_len=256), CacheConfig(), chunking)  # prompts can be split
+
+
+def test_every_config_field_is_a_declared_knob() -> None:
+    specs = engine_knobs()
+    names = [f.name for cls in COMPONENTS.values() for f in dataclasses.fields(cls)]
+    assert list(specs) == names
+    for spec in specs.values():
+        assert spec.help and spec.flag == "--" + spec.name.replace("_", "-")
+        assert spec.value_type in (int, float, str, bool)
+    assert specs["enable_prefix_caching"].flags == ("--enable-prefix-caching", "--no-enable-prefix-caching")
+    assert specs["max_num_seqs"].component == "scheduler_config" and specs["quantization"].default == "none"
+
+
+def test_knob_args_use_the_declared_flags() -> None:
+    knobs = {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True, "dtype": None}
+    assert knob_args(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
+    with pytest.raises(ConfigError, match="unknown engine knob.*max_num_sequences.*max_num_seqs"):
+        knob_args({"max_num_sequences": 8})

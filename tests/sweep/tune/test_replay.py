@@ -9,10 +9,10 @@ from tune_fakes import FakeBackend
 
 from sweep.tune.objective import ObjectiveSpec
 from sweep.tune.replay import efficiency, export_grid, grid_best, load_grid, trials_to_reach
-from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
+from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
 
-DEVICE = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=100)
+DEVICE = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100)
 
 
 @pytest.fixture

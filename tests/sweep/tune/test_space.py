@@ -7,23 +7,39 @@ from pathlib import Path
 import optuna
 import pytest
 
+from engine.config import engine_knobs
 from sweep.launcher import knob_flags, template_command
 from sweep.tune.space import (
     DeviceInfo,
     SpaceError,
     build_space,
+    default_knobs,
     engine_knob_names,
     fill_template,
     known_constraint_violation,
     serve_command,
 )
 
-CPU = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=600)
+CPU = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=600)
 
 
 def test_engine_knob_names_come_from_the_config_dataclasses() -> None:
     names = engine_knob_names()
-    assert {"max_num_seqs", "max_num_batched_tokens", "block_size", "enable_prefix_caching", "max_model_len"} <= names
+    assert {"max_num_seqs", "max_num_batched_tokens", "block_size", "enable_prefix_caching", "max_model_len"} <= set(
+        names
+    )
+    assert "quantization" in names and "tensor_parallel_size" not in names
+
+
+def test_default_space_is_every_knob_with_a_search_range() -> None:
+    ranged = [spec.name for spec in engine_knobs().values() if spec.search is not None]
+    assert sorted(k.name for k in default_knobs(CPU)) == sorted(ranged)
+    assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size"} <= set(ranged)
+    by_name = {k.name: k for k in default_knobs(DeviceInfo(device="cuda", model_max_len=4096))}
+    assert by_name["max_num_seqs"].choices == [16, 32, 64, 128, 256, 512]  # a GPU gets its own range
+    assert by_name["max_model_len"].choices == [1024, 2048, 4096]  # fractions of the model's context length
+    assert by_name["enable_prefix_caching"].kind == "bool" and by_name["enable_prefix_caching"].choices == [False, True]
+    assert {k.name: k for k in default_knobs(CPU)}["max_num_seqs"].choices == [2, 4, 8, 16, 32]
 
 
 def test_cpu_space_excludes_what_the_device_and_workload_cannot_use() -> None:
@@ -33,20 +49,30 @@ def test_cpu_space_excludes_what_the_device_and_workload_cannot_use() -> None:
     max_len = next(k for k in space.knobs if k.name == "max_model_len")
     assert max_len.choices == [1024, 2048]  # 512 is shorter than the workload's 600-token requests
     assert any("excluded [512]" in n for n in space.notes)
-    # knobs this engine does not have yet are not declared at all
-    assert not {"tensor_parallel_size", "quantization", "num_speculative_tokens"} & set(space.names)
+    assert "gpu_memory_utilization" in build_space(DeviceInfo(device="cuda", model_max_len=4096)).names
 
 
-def test_future_knobs_are_declared_when_the_engine_has_them_and_filtered_by_device() -> None:
-    fields = engine_knob_names() | {"tensor_parallel_size", "num_speculative_tokens"}
-    gpu2 = DeviceInfo(device="cuda", num_devices=2, engine_fields=fields, model_max_len=4096)
-    space = build_space(gpu2)
-    tp = next(k for k in space.knobs if k.name == "tensor_parallel_size")
-    assert tp.choices == [1, 2]
-    assert any("tensor_parallel_size: excluded [4, 8]" in n for n in space.notes)
-    assert "num_speculative_tokens" in space.names and "gpu_memory_utilization" in space.names
-    one_gpu = build_space(DeviceInfo(device="cuda", num_devices=1, engine_fields=fields))
-    assert "tensor_parallel_size" not in one_gpu.names and one_gpu.fixed["tensor_parallel_size"] == 1
+def test_unknown_model_length_leaves_max_model_len_to_the_engine() -> None:
+    space = build_space(DeviceInfo(device="cpu"))
+    assert "max_model_len" not in space.names and "max_model_len" not in space.fixed
+
+
+@pytest.mark.parametrize("name", ["tensor_parallel_size", "num_speculative_tokens", "max_num_sequences"])
+def test_a_space_file_knob_that_is_not_an_engine_field_is_an_error_listing_the_knobs(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({name: {"choices": [1, 2]}}))
+    with pytest.raises(SpaceError, match=f"unknown knob {name!r}; the engine knobs are: model, tokenizer") as err:
+        build_space(CPU, path)
+    assert all(known in str(err.value) for known in engine_knobs())
+
+
+def test_a_space_file_can_search_or_pin_any_engine_knob(tmp_path: Path) -> None:
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({"quantization": "none", "num_gpu_blocks_override": {"choices": [64, 128]}}))
+    space = build_space(CPU, path)
+    assert space.fixed["quantization"] == "none" and "num_gpu_blocks_override" in space.names
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from tune_fakes import FakeBackend
 
 from sweep.tune.objective import ObjectiveSpec
-from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
+from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import (
     TuneAborted,
     TuneObjective,
@@ -28,7 +28,7 @@ from sweep.tune.study import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-DEVICE = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=100)
+DEVICE = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100)
 
 
 def small_space(tmp_path: Path):
@@ -121,11 +121,11 @@ WORKER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from tune_fakes import FakeBackend
     from sweep.tune.objective import ObjectiveSpec
-    from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
+    from sweep.tune.space import DeviceInfo, build_space
     from sweep.tune.study import TuneObjective, open_study, run_study
 
     out = Path(sys.argv[2])
-    device = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=100)
+    device = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100)
     space = build_space(device, out / "space.json")
     spec = ObjectiveSpec(max_load=16)
     study = open_study(sys.argv[1], "shared", spec, seed=0, info={{}})

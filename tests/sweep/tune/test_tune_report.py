@@ -7,10 +7,10 @@ from tune_fakes import FakeBackend
 from sweep.tune.commands import best_commands
 from sweep.tune.objective import ObjectiveSpec
 from sweep.tune.report import render_best_sweep_report, write_report
-from sweep.tune.space import DeviceInfo, build_space, engine_knob_names
+from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
 
-DEVICE = DeviceInfo(device="cpu", engine_fields=engine_knob_names(), model_max_len=2048, min_model_len=100)
+DEVICE = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100)
 
 
 def run(tmp_path: Path, kind: str) -> tuple[Path, list[dict]]:
