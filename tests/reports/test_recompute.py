@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,17 @@ import pandas as pd
 import pytest
 
 from reports.importers import load_run
-from reports.recompute import good_mask, goodput, normalize_slo, parse_slo, point_metrics, request_latencies, with_slo
+from reports.recompute import (
+    good_mask,
+    goodput,
+    normalize_slo,
+    parse_slo,
+    point_metrics,
+    records_from_rows,
+    request_latencies,
+    with_slo,
+)
+from sweep.records import RequestRecord
 
 
 def _row(index, ok, send, first=None, chunks=(), out=0, prompt=10, intended=None):
@@ -99,3 +110,17 @@ def test_recomputation_reproduces_the_sweeps_own_points(fixtures_dir):
         assert len(shared) > 40
         for key in shared:
             assert again[key] == pytest.approx(point[key], rel=1e-9, abs=1e-9), (point["label"], key)
+
+
+def test_stored_rows_rebuild_the_records_that_wrote_them() -> None:
+    """The results contract both ways: `RequestRecord.to_row` (the sweep) and `records_from_rows` (reports)."""
+    written = [
+        RequestRecord(0, 16, 4, intended_send_time=9.5, send_time=10.0, success=True, first_token_time=10.25,
+                      last_token_time=10.75, end_time=10.8, chunk_times=[10.25, 10.5, 10.75], chunk_tokens=[2, 1, 1],
+                      prompt_tokens=16, output_tokens=4, client_prompt_tokens=16, client_output_tokens=5,
+                      server_timing={"arrival_time": 1.0}),
+        RequestRecord(1, 16, 4, intended_send_time=9.5, send_time=10.0, end_time=10.1, error="HTTPStatus 500: boom",
+                      prompt_tokens=16, output_tokens=0),
+    ]
+    rows = pd.DataFrame([json.loads(json.dumps(r.to_row("c0002"))) for r in written])
+    assert records_from_rows(rows) == written
