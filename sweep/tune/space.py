@@ -215,6 +215,8 @@ def _load_space_file(path: Path) -> dict[str, Any]:
 def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, spec: Any, dev: DeviceInfo) -> None:
     if name not in engine_knobs():
         raise SpaceError(f"space file: unknown knob {name!r}; the engine knobs are: {', '.join(engine_knob_names())}")
+    if name == "model":
+        raise SpaceError("space file: the model is `bench tune --model`, not a knob to search or pin")
     if spec is None:  # removed from the space: the engine default applies
         knobs.pop(name, None)
     elif isinstance(spec, dict):

@@ -68,11 +68,14 @@ def test_a_space_file_knob_that_is_not_an_engine_field_is_an_error_listing_the_k
     assert all(known in str(err.value) for known in engine_knobs())
 
 
-def test_a_space_file_can_search_or_pin_any_engine_knob(tmp_path: Path) -> None:
+def test_a_space_file_can_search_or_pin_any_engine_knob_but_the_model(tmp_path: Path) -> None:
     path = tmp_path / "space.json"
     path.write_text(json.dumps({"quantization": "none", "num_gpu_blocks_override": {"choices": [64, 128]}}))
     space = build_space(CPU, path)
     assert space.fixed["quantization"] == "none" and "num_gpu_blocks_override" in space.names
+    path.write_text(json.dumps({"model": "tiny-random"}))
+    with pytest.raises(SpaceError, match="bench tune --model"):
+        build_space(CPU, path)
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
