@@ -46,8 +46,8 @@ class Processor:
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise RequestError(f"token ids must be in [0, {self.vocab_size}), got {bad[:5]} (outside the vocabulary)",
-                               param)  # fmt: skip
+            message = f"token ids must be in [0, {self.vocab_size}), got {bad[:5]} (outside the vocabulary)"
+            raise RequestError(message, param)
 
     def build_request(
         self,
