@@ -25,6 +25,7 @@ import torch
 
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
+from engine.distributed import get_tensor_model_parallel_world_size
 from engine.model_files import load_hf_config, resolve_model
 from engine.model_loader import load_model
 from engine.models import ArchConfig
@@ -87,10 +88,14 @@ class ModelRunner:
         # On the CPU, gpu_memory_utilization is a fraction of the RAM available before the weights load, so
         # it covers weights + activations + KV cache as on a GPU.
         self._mem_available_before_weights = _mem_available_bytes() if self.device.type == "cpu" else 0
-        self.model, _, _ = load_model(str(self.model_path), self.dtype, self.device, max_position=self.max_model_len)
-        arch = self.arch
+        self.model, _, _ = load_model(
+            str(self.model_path), self.dtype, self.device, self.max_model_len, quantization=mc.quantization
+        )
+        arch, tp_size = self.arch, get_tensor_model_parallel_world_size()
+        self.num_kv_heads = arch.get_num_kv_heads(tp_size)  # this rank's: its KV cache holds only these
+        num_heads, head_dim = arch.get_num_attention_heads(tp_size), arch.head_dim
         self.attn_backend = get_attention_backend(attention_backend)(
-            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim, arch.head_dim**-0.5, self.block_size
+            num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, self.block_size
         )
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -109,9 +114,9 @@ class ModelRunner:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of KV one block holds across all layers."""
+        """Bytes of KV one block holds across all layers, for this rank's KV heads."""
         arch = self.arch
-        per_token = 2 * arch.num_key_value_heads * arch.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * arch.head_dim * self.dtype.itemsize
         return arch.num_hidden_layers * per_token * self.block_size
 
     def determine_num_blocks(self) -> int:

@@ -104,7 +104,7 @@ def measure_roofline_gflops(
     """Best GFLOP/s over the model's linear-layer shapes, x[rows, in] @ W[in, out], per available matmul kernel."""
     import torch
 
-    from engine.layers.linear import onednn_linear, onednn_linear_available, onednn_prepack
+    from engine.layers.onednn import onednn_linear, onednn_linear_available, onednn_prepack
 
     h, inter = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from engine.distributed import divide, split_kv_heads
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,6 +41,14 @@ class ArchConfig:
         if self.sliding_window is not None:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
+
+    def get_num_attention_heads(self, tensor_parallel_size: int) -> int:
+        """Query heads each tensor-parallel rank runs."""
+        return divide(self.num_attention_heads, tensor_parallel_size)
+
+    def get_num_kv_heads(self, tensor_parallel_size: int) -> int:
+        """KV heads each rank holds in its KV cache (one, replicated, when there are more ranks than KV heads)."""
+        return split_kv_heads(self.num_key_value_heads, tensor_parallel_size)[0]
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ArchConfig:

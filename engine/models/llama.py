@@ -2,6 +2,9 @@
 
 Tokens of all sequences in a step are flattened into one [num_tokens, hidden] batch; attention is the
 only place sequences interact, and it goes through the attention backend with the step's metadata.
+Every layer is sized for this process's tensor-parallel rank (`engine.distributed`): attention runs this
+rank's heads, and the embedding and LM head hold this rank's vocabulary rows. Every linear layer, the LM
+head included, computes through the `linear_method` it is given (`engine.layers.quantization`).
 """
 
 from __future__ import annotations
@@ -9,23 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.layers.activation import SiluAndMul
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    MergedColumnParallelLinear,
-    OneDNNLinearMethod,
-    QKVParallelLinear,
-    RowParallelLinear,
-    onednn_linear,
-    onednn_prepack,
-)
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.logits_processor import LogitsProcessor
+from engine.layers.quantization import LinearMethodBase
 from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.models.arch_config import ArchConfig
 
 
@@ -34,17 +30,18 @@ class LlamaAttention(nn.Module):
         self, config: ArchConfig, rotary: RotaryEmbedding, dtype: torch.dtype, linear_method: LinearMethodBase | None
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads,
+            config.qkv_bias, dtype, quant_method=linear_method,
+        )  # fmt: skip
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, config.qkv_bias, dtype,
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, config.o_proj_bias, dtype,
             quant_method=linear_method,
         )  # fmt: skip
-        self.o_proj = RowParallelLinear(
-            self.q_size, config.hidden_size, config.o_proj_bias, dtype, quant_method=linear_method
-        )
         self.rotary_emb = rotary  # shared by all layers
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
@@ -119,7 +116,6 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.linear_method = linear_method
         rotary = RotaryEmbedding(
             config.head_dim,
             max_position or config.max_position_embeddings,
@@ -127,16 +123,15 @@ class LlamaForCausalLM(nn.Module):
             config.rope_scaling,
             dtype,
         )
-        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, rotary, dtype, linear_method) for _ in range(config.num_hidden_layers)
         )
-        self.lm_head_packed: torch.Tensor | None = None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, quant_method=linear_method)
         if config.tie_word_embeddings:
-            self.lm_head = self.embed_tokens
-        else:
-            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+            self.lm_head.tie_weights(self.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
 
     def forward(
         self,
@@ -147,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states of the tokens `output_rows` (default: all); feed them to compute_logits."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, backend, metadata)
@@ -158,17 +153,8 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_packed is not None:
-            return onednn_linear(hidden, self.lm_head_packed, None)
-        return F.linear(hidden, self.lm_head)
-
-    def process_weights_after_loading(self) -> None:
-        """Let each linear method convert its weights; a prepacking method also gets a packed LM head."""
-        for module in self.modules():
-            if isinstance(module, LinearBase):
-                module.quant_method.process_weights_after_loading(module)
-        if isinstance(self.linear_method, OneDNNLinearMethod):
-            self.lm_head_packed = onednn_prepack(self.lm_head)  # tied: the embedding keeps its dense copy
+        """[num_tokens, vocab_size] logits of the hidden states `forward` returned."""
+        return self.logits_processor(self.lm_head, hidden)
 
     def bind_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
         for i, layer in enumerate(self.layers):
@@ -182,10 +168,8 @@ class LlamaForCausalLM(nn.Module):
             name = hf_name.removeprefix("model.")
             if "rotary_emb.inv_freq" in name:
                 continue
-            if name in ("embed_tokens.weight", "lm_head.weight"):
-                name = name.removesuffix(".weight")
-                if name == "lm_head" and self.config.tie_word_embeddings:
-                    continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
             shard_id: str | int | None = None
             for checkpoint_name, (fused_name, fused_shard) in self.packed_modules_mapping.items():
                 if f".{checkpoint_name}." in name:

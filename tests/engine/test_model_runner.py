@@ -155,3 +155,12 @@ def test_cpu_memory_fraction_covers_weights_activations_and_kv(monkeypatch: pyte
     runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", gpu_memory_utilization=0.5))
     expected = 0.5 * 8 * gib - 1 * gib - runner._cpu_activation_bytes()
     assert runner._kv_budget_bytes() == int(expected)
+
+
+def test_world_size_1_kv_cache_holds_every_kv_head(runner: ModelRunner) -> None:
+    """One process is the whole tensor-parallel group: attention and the KV cache get every head."""
+    arch, backend = runner.arch, runner.attn_backend
+    assert (backend.num_heads, backend.num_kv_heads) == (arch.num_attention_heads, arch.num_key_value_heads)
+    assert runner.kv_caches[0].shape == backend.kv_cache_shape(200)
+    kv_bytes_per_token = 2 * arch.num_key_value_heads * arch.head_dim * runner.dtype.itemsize
+    assert runner.block_bytes == arch.num_hidden_layers * kv_bytes_per_token * runner.block_size
