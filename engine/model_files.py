@@ -35,6 +35,7 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def cache_dir() -> Path:
+    """Where converted and materialised models live: $SERVELAB_CACHE, default ~/.cache/servelab."""
     return Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
 
 
@@ -209,6 +210,7 @@ def materialize_random_model(path: Path, hf_config: dict[str, Any], seed: int, t
 
 
 def materialize_tiny_random() -> Path:
+    """The `tiny-random` checkpoint directory in the cache (written on first use)."""
     return materialize_random_model(
         cache_dir() / "models" / f"tiny-random-s{TINY_RANDOM_SEED}", TINY_RANDOM_CONFIG, TINY_RANDOM_SEED, "tiny-random"
     )
@@ -307,6 +309,7 @@ def convert_gguf(gguf_path: Path, tokenizer_name: str | None = None) -> Path:
 
 
 def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) of every tensor in the directory's *.safetensors files, one tensor in memory at a time."""
     from safetensors import safe_open
 
     for file in sorted(path.glob("*.safetensors")):
@@ -316,4 +319,5 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_hf_config(path: Path) -> dict[str, Any]:
+    """The checkpoint directory's config.json as a dict."""
     return json.loads((path / "config.json").read_text())

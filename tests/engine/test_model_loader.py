@@ -1,97 +1,80 @@
-"""Model resolution, conversion and error messages of engine.model_loader."""
+"""Building the native model (engine.model_loader): the class, the weights, the linear method's preparation."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from engine.model_files import (
-    TINY_RANDOM_CONFIG,
-    ModelNotFoundError,
-    _reverse_rope_permute,
-    gguf_to_hf,
-    materialize_random_model,
-    materialize_tiny_random,
-    random_state_dict,
-    resolve_model,
-    smollm2_gguf_path,
-)
+from engine.layers.linear import LinearBase
+from engine.layers.onednn import onednn_linear_available
+from engine.layers.quantization import UnquantizedLinearMethod
+from engine.layers.vocab_parallel_embedding import ParallelLMHead
+from engine.model_files import TINY_RANDOM_CONFIG, materialize_random_model, materialize_tiny_random
 from engine.model_loader import load_model
 
-
-def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """llama.cpp's convert_hf_to_gguf permutation of Q/K rows (HF rotate-half -> interleaved pairs)."""
-    rows = weight.shape[0]
-    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("num_heads", [1, 3, 9])
-def test_reverse_rope_permute_undoes_llama_cpp(num_heads: int) -> None:
-    weight = torch.randn(num_heads * 8, 5)
-    permuted = llama_cpp_permute(weight, num_heads)
-    assert not torch.equal(permuted, weight)
-    assert torch.equal(_reverse_rope_permute(permuted, num_heads), weight)
-
-
-def test_tiny_random_is_an_hf_directory_with_smollm2_tokenizer() -> None:
-    path = materialize_tiny_random()
-    assert resolve_model("tiny-random") == path
-    config = json.loads((path / "config.json").read_text())
-    assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 49152
-    assert (path / "model.safetensors").is_file() and (path / "tokenizer_config.json").is_file()
-    tensors = load_file(path / "model.safetensors")
-    expected = random_state_dict(TINY_RANDOM_CONFIG, seed=1234)
-    assert set(tensors) == set(expected)
-    assert all(torch.equal(tensors[name], expected[name]) for name in expected)
-
-
-def test_random_checkpoint_is_reproducible(tmp_path: Path) -> None:
-    config = dict(TINY_RANDOM_CONFIG, vocab_size=64)
-    a = load_file(materialize_random_model(tmp_path / "a", config, seed=5, tokenizer_name=None) / "model.safetensors")
-    b = load_file(materialize_random_model(tmp_path / "b", config, seed=5, tokenizer_name=None) / "model.safetensors")
-    c = random_state_dict(config, seed=6)
-    assert all(torch.equal(a[name], b[name]) for name in a)
-    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
-
-
-def test_gguf_metadata_becomes_an_hf_config() -> None:
-    config, tensors = gguf_to_hf(smollm2_gguf_path())
-    assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (30, 576, 3)
-    assert config["tie_word_embeddings"] is True and config["rope_theta"] == 100000.0
-    name, first = next(tensors)
-    assert name == "model.embed_tokens.weight" and first.shape == (49152, 576) and first.dtype == torch.float32
+def small_checkpoint(path: Path, **overrides: object) -> Path:
+    return materialize_random_model(path, dict(TINY_RANDOM_CONFIG, vocab_size=64, **overrides), 5, None)
 
 
 def test_load_model_casts_to_the_requested_dtype() -> None:
-    model, arch, _ = load_model("tiny-random", torch.bfloat16, torch.device("cpu"))
-    assert arch.num_hidden_layers == 2
+    model, arch, path = load_model("tiny-random", torch.bfloat16, CPU)
+    assert arch.num_hidden_layers == 2 and path == materialize_tiny_random()
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert not model.training
 
 
-def test_missing_gguf_file(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="does not exist"):
-        resolve_model(str(tmp_path / "nope.gguf"))
+def test_every_linear_layer_and_the_lm_head_share_one_method_from_the_factory() -> None:
+    model, _, _ = load_model("tiny-random", torch.float32, CPU, quantization="none")
+    layers = [m for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
+    assert len(layers) == 2 * 4 + 1  # qkv, o, gate_up, down per layer + the LM head
+    methods = {id(m.quant_method) for m in layers}
+    assert len(methods) == 1 and isinstance(model.lm_head.quant_method, UnquantizedLinearMethod)
+    assert model.lm_head.quant_method.prepack_onednn == onednn_linear_available(torch.float32)
 
 
-def test_directory_with_only_pickled_weights_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_RANDOM_CONFIG))
-    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
-    with pytest.raises(ModelNotFoundError, match="pickles are never loaded"):
-        resolve_model(str(tmp_path))
+def test_the_lm_head_computes_the_checkpoint_logits(tmp_path: Path) -> None:
+    path = small_checkpoint(tmp_path / "m")
+    model, _, _ = load_model(str(path), torch.float32, CPU)
+    lm_head = load_file(path / "model.safetensors")["lm_head.weight"]
+    hidden = torch.randn(3, TINY_RANDOM_CONFIG["hidden_size"])
+    with torch.inference_mode():
+        torch.testing.assert_close(model.compute_logits(hidden), hidden @ lm_head.T, atol=1e-5, rtol=1e-5)
 
 
-def test_unknown_hub_id_offline_says_how_to_get_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelNotFoundError, match="alias"):
-        resolve_model("no-such-org/no-such-model")
+def test_a_tied_lm_head_reads_the_embedding(tmp_path: Path) -> None:
+    path = small_checkpoint(tmp_path / "tied", tie_word_embeddings=True)
+    model, _, _ = load_model(str(path), torch.float32, CPU)
+    embedding = load_file(path / "model.safetensors")["model.embed_tokens.weight"]
+    assert torch.equal(model.embed_tokens.weight, embedding)  # prepacking the head keeps the dense table
+    hidden = torch.randn(3, TINY_RANDOM_CONFIG["hidden_size"])
+    with torch.inference_mode():
+        torch.testing.assert_close(model.compute_logits(hidden), hidden @ embedding.T, atol=1e-5, rtol=1e-5)
 
 
-def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
-    config = dict(TINY_RANDOM_CONFIG, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ValueError, match="GPT2LMHeadModel is not supported"):
-        materialize_random_model(tmp_path / "gpt2", config, seed=0, tokenizer_name=None)
+def test_unknown_quantization_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown quantization 'awq'; available: none"):
+        load_model("tiny-random", torch.float32, CPU, quantization="awq")
+
+
+def test_checkpoint_missing_a_tensor_is_refused(tmp_path: Path) -> None:
+    path = small_checkpoint(tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing 1 tensor\(s\), e.g. \['layers.1.mlp.gate_up_proj.weight:1'\]"):
+        load_model(str(path), torch.float32, CPU)
+
+
+def test_checkpoint_with_an_unknown_tensor_is_refused(tmp_path: Path) -> None:
+    path = small_checkpoint(tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.0.self_attn.extra.weight"] = torch.zeros(2)
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match="unexpected checkpoint tensor 'model.layers.0.self_attn.extra.weight'"):
+        load_model(str(path), torch.float32, CPU)
