@@ -15,6 +15,13 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
+def schedule(request: Request, num_new: int, block_ids: list[int], drafts: list[int] | None = None) -> ScheduledRequest:
+    """As the scheduler plans a request: it samples when the known tokens reach the end of its tokens."""
+    drafts = drafts or []
+    sample = request.num_computed_tokens + num_new >= request.num_tokens
+    return ScheduledRequest(request, num_new + len(drafts), block_ids, sample, drafts)
+
+
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
     runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=256, block_size=4))
@@ -49,7 +56,7 @@ def greedy_with_runner(
             table = blocks[request.request_id]
             while len(table) * bs < request.num_computed_tokens + num_new:
                 table.append(free_blocks.pop())
-            scheduled.append(ScheduledRequest(request, num_new, list(table)))
+            scheduled.append(schedule(request, num_new, list(table)))
         output = SchedulerOutput(scheduled, sum(s.num_scheduled_tokens for s in scheduled))
         sampling = output.sampling_requests()
         logits = runner.execute_model(output)
@@ -84,16 +91,16 @@ def test_logits_match_hf_for_a_mixed_prefill_and_decode_step(
     """One step mixing a decode, a later prefill chunk (with cached context) and a fresh prefill."""
     first = Request("a", list(range(100, 110)), SamplingParams())
     second = Request("b", list(range(200, 221)), SamplingParams())
-    warm = SchedulerOutput([ScheduledRequest(first, 10, [1, 2, 3]), ScheduledRequest(second, 8, [4, 5])], 18)
+    warm = SchedulerOutput([schedule(first, 10, [1, 2, 3]), schedule(second, 8, [4, 5])], 18)
     runner.execute_model(warm)
     first.num_computed_tokens, second.num_computed_tokens = 10, 8
     first.output_token_ids.append(321)
     third = Request("c", list(range(300, 307)), SamplingParams())
     step = SchedulerOutput(
         [
-            ScheduledRequest(first, 1, [1, 2, 3]),
-            ScheduledRequest(second, 13, [4, 5, 6, 7, 8, 9]),
-            ScheduledRequest(third, 7, [10, 11]),
+            schedule(first, 1, [1, 2, 3]),
+            schedule(second, 13, [4, 5, 6, 7, 8, 9]),
+            schedule(third, 7, [10, 11]),
         ],
         21,
     )
@@ -104,9 +111,24 @@ def test_logits_match_hf_for_a_mixed_prefill_and_decode_step(
             torch.testing.assert_close(row, reference, atol=1e-4, rtol=1e-4)
 
 
+def test_a_verification_step_returns_one_row_per_draft_equal_to_hf(
+    runner: ModelRunner, hf_model: AutoModelForCausalLM
+) -> None:
+    """The last known token and 3 drafts run at consecutive positions; row j is HF's logits after draft j-1."""
+    request = Request("v", list(range(400, 411)), SamplingParams())
+    runner.execute_model(SchedulerOutput([schedule(request, 10, [30, 31, 32, 33])], 10))
+    request.num_computed_tokens = 10
+    drafts = [501, 502, 503]
+    logits = runner.execute_model(SchedulerOutput([schedule(request, 1, [30, 31, 32, 33], drafts)], 4))
+    assert logits.shape == (4, runner.vocab_size)
+    with torch.inference_mode():
+        reference = hf_model(torch.tensor([request.all_token_ids + drafts])).logits[0, -4:]
+    torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
+
+
 def test_partial_prefill_chunk_samples_nothing(runner: ModelRunner) -> None:
     request = Request("p", list(range(50, 70)), SamplingParams())
-    logits = runner.execute_model(SchedulerOutput([ScheduledRequest(request, 8, [20, 21])], 8))
+    logits = runner.execute_model(SchedulerOutput([schedule(request, 8, [20, 21])], 8))
     assert logits.shape == (0, runner.vocab_size)
 
 
@@ -133,7 +155,7 @@ def test_profile_run_covers_the_token_budget_and_keeps_the_cache_bound() -> None
     runner.profile_run()
     assert calls == [200]
     request = Request("after", [5, 6, 7], SamplingParams())
-    logits = runner.execute_model(SchedulerOutput([ScheduledRequest(request, 3, [0])], 3))
+    logits = runner.execute_model(SchedulerOutput([schedule(request, 3, [0])], 3))
     assert logits.shape == (1, runner.vocab_size) and torch.isfinite(logits).all()
 
 
