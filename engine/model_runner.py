@@ -196,7 +196,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """One forward pass over every scheduled token; float32 logits of the sampling requests, in order."""
+        """One forward pass over every scheduled token; float32 logits, `num_logits_rows` per scheduled request
+        in batch order (the last known token's, then one per draft)."""
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache must run before execute_model")
         input_ids: list[int] = []
@@ -206,15 +207,14 @@ class ModelRunner:
         flat_block_ids: list[int] = []
         sample_rows: list[int] = []
         for scheduled in scheduler_output.scheduled:
-            request, num_new = scheduled.request, scheduled.num_scheduled_tokens
+            request, num_new, drafts = scheduled.request, scheduled.num_scheduled_tokens, scheduled.spec_token_ids
             computed = request.num_computed_tokens
-            input_ids += _token_slice(request, computed, num_new)
+            input_ids += _token_slice(request, computed, num_new - len(drafts)) + drafts
             query_lens.append(num_new)
             context_lens.append(computed)
             block_tables.append(scheduled.block_ids)
             flat_block_ids += scheduled.block_ids
-            if computed + num_new >= request.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
+            sample_rows += range(len(input_ids) - scheduled.num_logits_rows, len(input_ids))
         device, bs = self.device, self.block_size
         num_tokens = len(input_ids)
         q_lens = torch.tensor(query_lens)
