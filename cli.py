@@ -8,6 +8,7 @@ import engine.commands
 import reports.commands
 import sweep.commands
 import sweep.tune.commands
+import workloads
 import workloads.commands
 
 app = typer.Typer(
@@ -17,8 +18,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# The sweep never imports reports (workloads <- sweep <- reports): its commands get the renderer from here.
-engine.commands.register(app)
+# The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
+# get the report renderer and the workload loader from here.
+engine.commands.register(app, load_workload=workloads.load)
 workloads.commands.register(app)
 sweep.commands.register(app, render_report=reports.render_report)
 sweep.tune.commands.register(app, render_report=reports.render_report)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
+if TYPE_CHECKING:
+    from engine.benchmarks.throughput import WorkloadLoader
 
-def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `bench` app."""
+
+def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> None:
+    """Add this package's commands to the `bench` app; `bench throughput --workload` draws its lengths with
+    `load_workload` (it reaches the command as its context's `obj`)."""
     from engine.entrypoints.cli import serve
 
     app.command("serve")(serve)
 
     from engine.benchmarks.throughput import prepare_model, throughput
 
-    app.command("throughput")(throughput)
+    app.command("throughput", context_settings={"obj": load_workload})(throughput)
     app.command("prepare-model")(prepare_model)

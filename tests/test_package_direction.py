@@ -23,12 +23,6 @@ FORBIDDEN = {
     "engine": {"sweep", "reports", "workloads"},
 }
 
-# Imports that break a rule today and are known: (file, imported package) -> why it is there.
-KNOWN_EXCEPTIONS = {
-    ("engine/benchmarks/throughput.py", "workloads"): "`bench throughput --workload` draws its request lengths",
-}
-
-
 def package_modules(package: str) -> list[str]:
     modules = []
     for path in sorted((ROOT / package).rglob("*.py")):
@@ -66,16 +60,8 @@ def test_no_source_file_imports_against_the_direction(package: str) -> None:
     violations = []
     for path in sorted((ROOT / package).rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        for name in sorted(imported_packages(path) & FORBIDDEN[package]):
-            if (relative, name) not in KNOWN_EXCEPTIONS:
-                violations.append(f"{relative} imports {name}")
+        violations += [f"{relative} imports {name}" for name in sorted(imported_packages(path) & FORBIDDEN[package])]
     assert not violations, "\n".join(violations)
-
-
-def test_every_known_exception_is_still_there() -> None:
-    """A known exception that has been fixed leaves this list, so the rule covers that file again."""
-    stale = [pair for pair in KNOWN_EXCEPTIONS if pair[1] not in imported_packages(ROOT / pair[0])]
-    assert not stale
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

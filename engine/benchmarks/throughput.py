@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -201,8 +201,14 @@ def run_hf(model: str, requests: list[BenchRequest], dtype_name: str, batch_size
     return ThroughputResult.measure("hf", model, str(dtype).removeprefix("torch."), requests, elapsed)
 
 
+# workloads.load's shape: (workload, num_requests=, seed=, input_len=, output_len=, max_model_len=) -> specs with
+# input_len and output_len. The engine imports no workloads code: cli.py hands the loader in.
+WorkloadLoader = Callable[..., Sequence[Any]]
+
+
 @with_engine_knobs
 def throughput(
+    ctx: typer.Context,
     engine_knobs: dict[str, Any],
     backend: str = typer.Option("engine", help="engine | hf (transformers generate, static batches)"),
     model: str = knob_option("model", "smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
@@ -234,10 +240,11 @@ def throughput(
     if workload is None:
         lengths = [(input_len or 256, output_len or 128)] * num_prompts
     else:
-        import workloads
-
+        load_workload: WorkloadLoader | None = ctx.obj
+        if load_workload is None:
+            raise typer.BadParameter("--workload needs the workloads package, which this `bench` was built without")
         try:  # generators take --input-len/--output-len; shipped mixes refuse them with a clear message
-            specs = workloads.load(
+            specs = load_workload(
                 workload, num_requests=num_prompts, seed=seed, input_len=input_len, output_len=output_len,
                 max_model_len=engine_knobs.get("max_model_len") or arch.max_model_len,
             )  # fmt: skip
