@@ -186,10 +186,16 @@ def knob_args(knobs: dict[str, Any]) -> list[str]:
 
     Knobs set to None (the engine default) give no flag; a name that is not an engine knob is a ConfigError.
     """
+    specs = _known_knob_specs(knobs)
+    return [arg for name, value in knobs.items() if value is not None for arg in specs[name].args(value)]
+
+
+def _known_knob_specs(knobs: dict[str, Any]) -> dict[str, KnobSpec]:
+    """`engine_knobs()`, after checking that every name in `knobs` is one (a ConfigError listing them if not)."""
     specs = engine_knobs()
     if unknown := sorted(set(knobs) - set(specs)):
         raise ConfigError(f"unknown engine knob(s): {', '.join(unknown)}; the engine has {', '.join(specs)}")
-    return [arg for name, value in knobs.items() if value is not None for arg in specs[name].args(value)]
+    return specs
 
 
 def model_context_length(model: str) -> int:
@@ -231,9 +237,7 @@ class EngineConfig:
 
         Every knob is validated before the model is looked at; then max_model_len is resolved against it.
         """
-        specs = engine_knobs()
-        if unknown := sorted(set(knobs) - set(specs)):
-            raise ConfigError(f"unknown engine knob(s): {', '.join(unknown)}")
+        specs = _known_knob_specs(knobs)
         parts = {
             component: cls_(**{k: v for k, v in knobs.items() if specs[k].component == component})
             for component, cls_ in COMPONENTS.items()
