@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config import knob_args
+
 LOG_TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
 
@@ -37,17 +39,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def knob_flags(knobs: dict[str, Any]) -> list[str]:
-    """{'max_num_seqs': 8, 'enable_prefix_caching': False} -> ['--max-num-seqs', '8', '--no-enable-prefix-caching']
-
-    Each engine knob under the vLLM flag its config field declares; None (the engine default) gives no flag, and a
-    name that is not an engine knob is a ValueError.
-    """
-    from engine.config import knob_args
-
-    return knob_args(knobs)
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -69,7 +60,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 def builtin_command(model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "cli", "serve", model, "--host", host, "--port", str(port), *knob_flags(knobs)]
+    return [sys.executable, "-m", "cli", "serve", model, "--host", host, "--port", str(port), *knob_args(knobs)]
 
 
 def template_command(template: str, model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from engine.config import COMPONENTS, SearchRange, engine_knobs
+from engine.config import COMPONENTS, SearchRange, engine_knobs, knob_args
 
 KNOB_KINDS = ("int", "float", "bool", "categorical")
 
@@ -278,9 +278,7 @@ def build_space(dev: DeviceInfo, space_file: str | Path | None = None) -> Search
 
 def serve_command(model: str, knobs: dict[str, Any], extra: Sequence[str] = ()) -> str:
     """The `bench serve` command for a configuration, with the flags the tuner launched it with."""
-    from sweep.launcher import knob_flags
-
-    return shlex.join(["bench", "serve", model, *knob_flags(knobs), *extra])
+    return shlex.join(["bench", "serve", model, *knob_args(knobs), *extra])
 
 
 def fill_template(template: str, model: str, knobs: dict[str, Any], port: int = 8000, host: str = "127.0.0.1") -> str:
@@ -291,11 +289,11 @@ def fill_template(template: str, model: str, knobs: dict[str, Any], port: int = 
     `--enable-prefix-caching`, `--no-enable-prefix-caching`), and `{knob_flags}`, every knob's flag. A knob left
     at the engine default (None) fills as nothing. Unknown placeholders are an error.
     """
-    from sweep.launcher import knob_flags, template_command
+    from sweep.launcher import template_command
 
     values: dict[str, Any] = {name: "" if value is None else value for name, value in knobs.items()}
-    values |= {f"{name}_flag": shlex.join(knob_flags({name: value})) for name, value in knobs.items()}
-    values["knob_flags"] = shlex.join(knob_flags(knobs))
+    values |= {f"{name}_flag": shlex.join(knob_args({name: value})) for name, value in knobs.items()}
+    values["knob_flags"] = shlex.join(knob_args(knobs))
     try:
         return shlex.join(template_command(template, model, host, port, values))
     except ValueError as err:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from sweep.launcher import ServerStartError, builtin_command, knob_flags, launch, template_command
+from engine.config import knob_args
+from sweep.launcher import ServerStartError, builtin_command, launch, template_command
 
 
 def test_flags_and_templates() -> None:
     knobs = {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True, "dtype": None}
-    assert knob_flags(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
+    assert knob_args(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
     command = builtin_command("tiny-random", "127.0.0.1", 9, {"block_size": 16})
     assert command[1:] == [
         "-m",

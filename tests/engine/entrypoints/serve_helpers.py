@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from engine.config import knob_args
+
 REPO = Path(__file__).resolve().parents[3]
 API_KEY = "test-key"
 MODEL = "tiny-random"
@@ -68,13 +70,9 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def knob_flags(knobs: dict[str, object]) -> list[str]:
-    return [item for name, value in knobs.items() for item in (f"--{name.replace('_', '-')}", str(value))]
-
-
 def start_server(*extra: str, timeout: float = 600.0, own_group: bool = False) -> LiveServer:
     """own_group: the server leads its own process group (so a test can signal the group like a terminal)."""
-    command = [sys.executable, "-m", "cli", "serve", "--model", MODEL, "--port", "0", *knob_flags(ENGINE_KNOBS), *extra]
+    command = [sys.executable, "-m", "cli", "serve", "--model", MODEL, "--port", "0", *knob_args(ENGINE_KNOBS), *extra]
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=own_group,

@@ -7,8 +7,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from engine.config import engine_knobs
-from sweep.launcher import knob_flags, template_command
+from engine.config import engine_knobs, knob_args
+from sweep.launcher import template_command
 from sweep.tune.space import (
     DeviceInfo,
     SpaceError,
@@ -125,7 +125,7 @@ def test_serve_command_and_templates() -> None:
     knobs = {"max_num_seqs": 8, "enable_prefix_caching": False, "enable_chunked_prefill": True, "max_model_len": None}
     flags = ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
     assert shlex.split(serve_command("tiny-random", knobs)) == ["bench", "serve", "tiny-random", *flags]
-    assert knob_flags(knobs) == flags  # the flags a trial's built-in engine is launched with
+    assert knob_args(knobs) == flags  # the flags a trial's built-in engine is launched with
     filled = fill_template("vllm serve {model} --port {port} --max-num-seqs {max_num_seqs} "
                            "{enable_prefix_caching_flag}", "m", knobs, port=9)
     assert filled == "vllm serve m --port 9 --max-num-seqs 8 --no-enable-prefix-caching"
