@@ -178,21 +178,15 @@ class Scheduler:
         sampling = scheduler_output.sampling_requests()
         if len(sampled_token_ids) != len(sampling):
             raise ValueError(f"{len(sampled_token_ids)} sampled rows for {len(sampling)} sampling requests")
-        accepted = {id(s): tokens for s, tokens in zip(sampling, sampled_token_ids, strict=True)}
+        for scheduled, tokens in zip(sampling, sampled_token_ids, strict=True):
+            if not 1 <= len(tokens) <= 1 + len(scheduled.spec_token_ids):
+                raise ValueError(
+                    f"request {scheduled.request.request_id}: {len(tokens)} tokens for a step with "
+                    f"{len(scheduled.spec_token_ids)} drafts"
+                )
         for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            if request.is_finished:
-                continue
-            num_drafts = len(scheduled.spec_token_ids)
-            num_computed = scheduled.num_scheduled_tokens - num_drafts
-            if scheduled.sample:
-                num_accepted = len(accepted[id(scheduled)]) - 1
-                if not 0 <= num_accepted <= num_drafts:
-                    raise ValueError(
-                        f"request {request.request_id}: {num_accepted + 1} tokens for a step with {num_drafts} drafts"
-                    )
-                num_computed += num_accepted
-            request.num_computed_tokens += num_computed
+            if not scheduled.request.is_finished:  # the known tokens; accepted drafts are counted below
+                scheduled.request.num_computed_tokens += scheduled.num_scheduled_tokens - len(scheduled.spec_token_ids)
 
         now = time.monotonic()
         outputs = []
@@ -200,6 +194,7 @@ class Scheduler:
             request = scheduled.request
             if request.is_finished:
                 continue
+            request.num_computed_tokens += len(sampled_token_ids[row]) - 1
             new_token_ids = []
             for token_id in sampled_token_ids[row]:
                 request.output_token_ids.append(token_id)
