@@ -19,6 +19,12 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: 
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
 
 
+def random_sequence(total: int, heads: int, kv_heads: int, dim: int, blocks: list[int]) -> dict:
+    """Random q/k/v for positions 0..total-1 of one sequence, whose KV lives in `blocks`."""
+    q, k, v = torch.randn(total, heads, dim), torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+    return {"q": q, "k": k, "v": v, "blocks": blocks}
+
+
 def run_step(
     backend: TorchAttentionBackend,
     cache: torch.Tensor,
@@ -55,12 +61,7 @@ def test_mixed_prefill_and_decode_batch_matches_dense(block_size: int, num_heads
     for context, new in shapes:
         total = context + new
         blocks = [free.pop() for _ in range(-(-total // block_size))]
-        seqs.append({
-            "q": torch.randn(total, num_heads, head_dim),
-            "k": torch.randn(total, num_kv_heads, head_dim),
-            "v": torch.randn(total, num_kv_heads, head_dim),
-            "blocks": blocks,
-        })
+        seqs.append(random_sequence(total, num_heads, num_kv_heads, head_dim, blocks))
     # zero the blocks first: the model runner's invariant (slots read are finite and written or zero)
     for seq in seqs:
         cache[:, :, seq["blocks"]] = 0
@@ -123,12 +124,7 @@ def test_many_decode_steps_through_the_mirror(mirror_budget: int, monkeypatch: p
     seqs = []
     for n in prompts:
         total = n + steps
-        seqs.append({
-            "q": torch.randn(total, heads, dim),
-            "k": torch.randn(total, kv_heads, dim),
-            "v": torch.randn(total, kv_heads, dim),
-            "blocks": [free.pop() for _ in range(-(-total // block_size))],
-        })
+        seqs.append(random_sequence(total, heads, kv_heads, dim, [free.pop() for _ in range(-(-total // block_size))]))
     run_step(backend, cache, seqs, [0] * 3, prompts)
     plans: list[DecodeMirror] = []
     plan = backend._plan_decode_mirror
@@ -166,15 +162,8 @@ def test_a_verification_step_with_rejected_drafts_between_decode_steps() -> None
     cache = torch.zeros(backend.kv_cache_shape(64))
     free = torch.randperm(64).tolist()
     prompts, total = [5, 7, 2], 24
-    seqs = [
-        {
-            "q": torch.randn(total, heads, dim),
-            "k": torch.randn(total, kv_heads, dim),
-            "v": torch.randn(total, kv_heads, dim),
-            "blocks": [free.pop() for _ in range(total // block_size)],
-        }
-        for _ in prompts
-    ]
+    num_blocks = total // block_size
+    seqs = [random_sequence(total, heads, kv_heads, dim, [free.pop() for _ in range(num_blocks)]) for _ in prompts]
     run_step(backend, cache, seqs, [0] * 3, prompts)
     lens = list(prompts)
 
