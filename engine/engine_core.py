@@ -7,6 +7,7 @@ import logging
 import torch
 
 from engine.config import EngineConfig
+from engine.executor import Executor
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineCoreOutput, Logprob, SchedulerStats
 from engine.request import Request
@@ -17,10 +18,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig) -> None:
-        self.model_runner = ModelRunner(config)
+    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+        """`executor` runs the model; the default is an in-process ModelRunner built from `config`."""
+        self.model_executor: Executor = executor if executor is not None else ModelRunner(config)
         self.config = config
-        runner = self.model_runner
+        runner = self.model_executor
         self.max_model_len: int = runner.max_model_len  # the config's, resolved when it was built
         self.eos_token_ids: list[int] = list(runner.eos_token_ids)
         self.vocab_size: int = runner.vocab_size
@@ -51,7 +53,7 @@ class EngineCore:
                 raise RuntimeError("the scheduler can admit no waiting request into an idle engine (a bug)")
             return []
         sampling = scheduler_output.sampling_requests()
-        logits = self.model_runner.execute_model(scheduler_output)
+        logits = self.model_executor.execute_model(scheduler_output)
         sampled_token_ids: list[list[int]] = []
         logprobs: list[list[list[Logprob]] | None] | None = None
         if sampling:

@@ -142,7 +142,7 @@ def run_engine(model: str, requests: list[BenchRequest], knobs: dict[str, Any]) 
         produced = len(output.outputs[0].token_ids)
         if produced != request.output_len:
             raise RuntimeError(f"a request produced {produced} tokens, not {request.output_len}")
-    runner = llm.llm_engine.engine_core.model_runner
+    runner = llm.llm_engine.engine_core.model_executor
     result = ThroughputResult.measure("engine", model, str(runner.dtype).removeprefix("torch."), requests, elapsed)
     per_kernel = measure_roofline_gflops(runner.arch, runner.dtype, runner.device)
     roofline = max(per_kernel.values())

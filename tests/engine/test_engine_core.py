@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, accept_drafts
 from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [40, 41, 42], list(range(100, 121)), [7, 7, 7, 7, 7]]
 MAX_TOKENS = 20
@@ -71,3 +73,39 @@ def test_greedy_output_is_unchanged_by_right_and_wrong_drafts(core: EngineCore) 
     assert steps[1] == 1 + 7  # 2 of 4 drafts accepted + 1 per step: 3 tokens a step
     assert steps[3] == MAX_TOKENS  # no draft ever accepted
     assert all(count == MAX_TOKENS for count in logprob_counts.values())
+
+
+class FixedTokenExecutor:
+    """An executor whose every logits row puts all its mass on one token, with a fixed-size KV pool."""
+
+    def __init__(self, token: int, num_blocks: int) -> None:
+        self.max_model_len, self.eos_token_ids, self.vocab_size = 64, [0], 32
+        self.device = torch.device("cpu")
+        self.token, self.num_blocks, self.steps = token, num_blocks, 0
+
+    def determine_num_blocks(self) -> int:
+        return self.num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert num_blocks == self.num_blocks
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        self.steps += 1
+        rows = sum(s.num_logits_rows for s in scheduler_output.scheduled if s.sample)
+        logits = torch.zeros(rows, self.vocab_size)
+        logits[:, self.token] = 10.0
+        return logits
+
+
+def test_engine_core_runs_any_executor() -> None:
+    config = EngineConfig.from_kwargs(model="tiny-random", block_size=4, max_model_len=64)
+    executor = FixedTokenExecutor(token=7, num_blocks=16)
+    core = EngineCore(config, executor=executor)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    core.add_request(Request("a", [1, 2, 3], params, eos_token_id=0, max_tokens=5))
+    tokens: list[int] = []
+    while core.has_unfinished_requests():
+        for output in core.step():
+            tokens += output.new_token_ids
+    assert tokens == [7] * 5
+    assert executor.steps == 5
