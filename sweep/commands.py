@@ -110,6 +110,10 @@ def sweep(
     output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
     client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
+    repeats: int = typer.Option(
+        1, help="Measure every point this many times, interleaved (repeat k runs all points before k+1); "
+        "`bench gate` resamples repeats to see between-run noise."
+    ),
     ignore_eos: bool = typer.Option(
         True, "--ignore-eos/--no-ignore-eos", help="Run outputs to the workload's lengths."
     ),
@@ -166,6 +170,7 @@ def sweep(
             attainment=attainment,
             resume=resume,
             client_procs=client_procs,
+            repeats=repeats,
             ignore_eos=ignore_eos,
             temperature=temperature,
         )

@@ -6,7 +6,7 @@ Timestamps are `time.perf_counter()` seconds (see `sweep.client`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -53,3 +53,9 @@ class RequestRecord:
         del row["generated_text"], row["usage_prompt_tokens"], row["usage_output_tokens"]
         row.update(label=label, ttft=self.ttft, e2el=self.e2el, itl=self.itl)
         return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RequestRecord:
+        """The record back from its `requests.jsonl` row (derived and per-run fields are dropped)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})

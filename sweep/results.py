@@ -4,8 +4,10 @@ A point is finished exactly when `points/<label>.json` exists. Its request rows 
 `requests.jsonl` (and fsync'd) *before* that file is published, so a crash leaves either a finished point
 with all its rows, or stray rows of an unfinished point, which `open_run(..., resume=True)` drops.
 
-Additions to the contract: `search.json` (the `--max-load-under-slo` bracket and probes) and
-`server.log` (the built-in engine's log when the sweep launched it).
+Additions to the contract: `search.json` (the `--max-load-under-slo` bracket and probes),
+`server.log` (the built-in engine's log when the sweep launched it), and with `--repeats R`
+`repeats/<label>.r<k>.json`: one file per finished repeat of a point, published after that repeat's rows
+(which carry `"repeat": k`); `points/<label>.json` follows once all R repeats are in, over their pooled rows.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ REQUESTS = "requests.jsonl"
 SUMMARY = "summary.csv"
 SEARCH = "search.json"
 SERVER_LOG = "server.log"
+REPEATS = "repeats"
 
 
 class ReportRenderer(Protocol):
@@ -92,13 +95,37 @@ class RunWriter:
 
     def write_point(self, point: dict[str, Any], request_rows: list[dict[str, Any]]) -> None:
         label = point["label"]
+        self._append_rows(request_rows)
+        write_atomic(self.run_dir / POINTS / f"{label}.json", _dumps(point))
+        self._write_summary()
+
+    def _append_rows(self, request_rows: list[dict[str, Any]]) -> None:
         with open(self.run_dir / REQUESTS, "a") as f:
             for row in request_rows:
                 f.write(_dumps(row, indent=None) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        write_atomic(self.run_dir / POINTS / f"{label}.json", _dumps(point))
-        self._write_summary()
+
+    def finished_repeats(self) -> set[tuple[str, int]]:
+        """(label, repeat) of every published repeat (`--repeats`)."""
+        return {(p.stem.rsplit(".r", 1)[0], int(p.stem.rsplit(".r", 1)[1])) for p in self._repeat_files()}
+
+    def _repeat_files(self) -> list[Path]:
+        return sorted((self.run_dir / REPEATS).glob("*.r*.json"))
+
+    def load_repeat(self, label: str, repeat: int) -> dict[str, Any]:
+        return json.loads((self.run_dir / REPEATS / f"{label}.r{repeat}.json").read_text())
+
+    def write_repeat(self, point: dict[str, Any], repeat: int, request_rows: list[dict[str, Any]]) -> None:
+        """Publish one repeat of a point: its rows (tagged with the repeat) first, then its point file."""
+        self._append_rows([{**row, "repeat": repeat} for row in request_rows])
+        (self.run_dir / REPEATS).mkdir(exist_ok=True)
+        write_atomic(self.run_dir / REPEATS / f"{point['label']}.r{repeat}.json", _dumps(point))
+
+    def load_rows(self, label: str) -> list[dict[str, Any]]:
+        """The stored request rows of one point (all its repeats)."""
+        rows = [json.loads(line) for line in (self.run_dir / REQUESTS).read_text().splitlines() if line.strip()]
+        return [row for row in rows if row.get("label") == label]
 
     def write_search(self, search: dict[str, Any]) -> None:
         write_atomic(self.run_dir / SEARCH, _dumps(search))
@@ -120,7 +147,7 @@ def _rate_key(rate: Any) -> float:
     return math.inf if rate in (None, "inf") else float(rate)
 
 
-def _drop_unfinished_rows(run_dir: Path, finished: set[str]) -> int:
+def _drop_unfinished_rows(run_dir: Path, finished: set[str], finished_repeats: frozenset | set = frozenset()) -> int:
     path = run_dir / REQUESTS
     if not path.exists():
         return 0
@@ -129,11 +156,12 @@ def _drop_unfinished_rows(run_dir: Path, finished: set[str]) -> int:
         if not line.strip():
             continue
         try:
-            label = json.loads(line)["label"]
+            row = json.loads(line)
+            label = row["label"]
         except (json.JSONDecodeError, KeyError):
             dropped += 1  # a torn last line from a crash mid-append
             continue
-        if label in finished:
+        if label in finished or (label, row.get("repeat")) in finished_repeats:
             kept.append(line)
         else:
             dropped += 1
@@ -158,7 +186,8 @@ def open_run(run_dir: str | Path, config: dict[str, Any], resume: bool) -> RunWr
     A directory holding a config but no finished point (say, the engine failed to start) is started over."""
     run_dir = Path(run_dir)
     config_path = run_dir / CONFIG
-    if config_path.exists() and not resume and not RunWriter(run_dir, config).finished_labels():
+    existing = RunWriter(run_dir, config) if config_path.exists() and not resume else None
+    if existing is not None and not existing.finished_labels() and not existing.finished_repeats():
         _drop_unfinished_rows(run_dir, set())  # a run that never finished a point (a failed start) starts over
         config_path.unlink()
     if config_path.exists():
@@ -176,7 +205,7 @@ def open_run(run_dir: str | Path, config: dict[str, Any], resume: bool) -> RunWr
             )
         config = {**previous, "sweep": config.get("sweep", previous.get("sweep"))}
         writer = RunWriter(run_dir, config)
-        _drop_unfinished_rows(run_dir, writer.finished_labels())
+        _drop_unfinished_rows(run_dir, writer.finished_labels(), writer.finished_repeats())
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         writer = RunWriter(run_dir, config)

@@ -30,6 +30,7 @@ from sweep.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, perc
 from sweep.client import ClientConfig
 from sweep.launcher import ServerProcess, launch
 from sweep.records import RequestRecord
+from sweep.repeats import pooled_point, repeat_order
 from sweep.runner import PointRun, PointSpec, WorkloadConfig, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, max_load_under_slo
 
@@ -61,6 +62,7 @@ class SweepConfig:
     max_load: float = 4096.0
     resume: bool = False
     client_procs: int = 1
+    repeats: int = 1  # see sweep/repeats.py
     health_timeout_s: float = 600.0
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
@@ -76,6 +78,10 @@ class SweepConfig:
             raise ValueError(f"request rates must be > 0, got {self.values}")
         if self.max_load_under_slo and not self.slo:
             raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.repeats > 1 and self.max_load_under_slo:
+            raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
         if self.client_procs < 1:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
         if self.num_prompts is None and self.duration is None:
@@ -234,6 +240,7 @@ class Sweeper:
                 "max_load_under_slo": cfg.max_load_under_slo,
                 "attainment": cfg.attainment,
                 "client_procs": cfg.client_procs,
+                "repeats": cfg.repeats,
                 "ignore_eos": cfg.ignore_eos,
                 "temperature": cfg.temperature,
             },
@@ -271,27 +278,7 @@ class Sweeper:
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
             self._print_row(point)
             return point
-        total = spec.num_prompts if spec.num_prompts is not None else spec.pool_size
-        with Progress(
-            TextColumn(f"[bold]{spec.label}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-            refresh_per_second=4,
-        ) as progress:
-            task = progress.add_task(spec.label, total=total)
-            run = run_point(
-                self.client,
-                spec,
-                self.config.workload,
-                self.tokenizer,
-                salt=self.salt,
-                reset_cache=self.config.reset_prefix_cache,
-                client_procs=self.config.client_procs,
-                on_done=lambda: progress.advance(task),
-            )
+        run = self._run_point(spec)
         self._check_server_alive()
         point = self.point_dict(run)
         if run.extras.get("pool_exhausted"):
@@ -301,6 +288,56 @@ class Sweeper:
             )
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
+        return point
+
+    def _run_point(self, spec: PointSpec, title: str | None = None) -> PointRun:
+        assert self.client is not None
+        total = spec.num_prompts if spec.num_prompts is not None else spec.pool_size
+        with Progress(
+            TextColumn(f"[bold]{title or spec.label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            refresh_per_second=4,
+        ) as progress:
+            task = progress.add_task(spec.label, total=total)
+            return run_point(
+                self.client,
+                spec,
+                self.config.workload,
+                self.tokenizer,
+                salt=self.salt,
+                reset_cache=self.config.reset_prefix_cache,
+                client_procs=self.config.client_procs,
+                on_done=lambda: progress.advance(task),
+            )
+
+    def measure_repeat(self, value: float, repeat: int) -> dict[str, Any]:
+        """Run one repeat of one point (or reload it on resume); publishes the pooled point after its last repeat."""
+        assert self.writer is not None and self.client is not None, "use `with Sweeper(config) as sweeper:`"
+        spec = self.point_spec(value)
+        if (spec.label, repeat) in self.writer.finished_repeats():
+            self.console.print(f"[dim]{spec.label} repeat {repeat}: already measured, kept[/dim]")
+            point = self.writer.load_repeat(spec.label, repeat)
+        else:
+            run = self._run_point(spec, title=f"{spec.label} r{repeat}")
+            self._check_server_alive()
+            point = self.point_dict(run)
+            self.writer.write_repeat(point, repeat, [r.to_row(spec.label) for r in run.records])
+        self._print_row({**point, "label": f"{spec.label}.r{repeat}"})
+        done = self.writer.finished_repeats()
+        if spec.label not in self.writer.finished_labels() and all(
+            (spec.label, k) in done for k in range(self.config.repeats)
+        ):
+            repeats = [self.writer.load_repeat(spec.label, k) for k in range(self.config.repeats)]
+            pooled = pooled_point(
+                repeats, self.writer.load_rows(spec.label), self.config.percentiles, self.config.slo,
+                queue_inclusive=spec.concurrency is not None,
+            )
+            self.writer.write_point(pooled, [])
+            self._print_row(pooled)
         return point
 
     def _check_server_alive(self) -> None:
@@ -394,6 +431,11 @@ class Sweeper:
             self.search()
             assert self.writer is not None
             return [self.writer.load_point(label) for label in sorted(self.writer.finished_labels())]
+        if self.config.repeats > 1:
+            for repeat, value in repeat_order(self.config.values, self.config.repeats):
+                self.measure_repeat(value, repeat)
+            assert self.writer is not None
+            return [self.writer.load_point(self.config.label(value)) for value in self.config.values]
         return [self.measure(value) for value in self.config.values]
 
 
