@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from reports.importers import RunInputError, load_run
+from reports.importers import RunData, RunInputError, load_run
 
 RUN_SUBDIR = "run"
 MANIFEST = "baseline.json"
@@ -53,6 +53,7 @@ def update_baseline(store: Path, candidate: Path, note: str | None = None) -> di
         "git_commit": _git_commit(),
         "note": note,
         "points": list(run.points["label"]),
+        "point_stats": blessed_point_stats(run),
         "config": run.config,
     }
     current = store / RUN_SUBDIR
@@ -65,6 +66,19 @@ def update_baseline(store: Path, candidate: Path, note: str | None = None) -> di
     with (store / HISTORY).open("a") as fh:
         fh.write(json.dumps(manifest, default=str) + "\n")
     return manifest
+
+
+def blessed_point_stats(run: RunData) -> dict[str, dict[str, float]]:
+    """Per point, the latency statistics the gate's history noise floor reads (reports/gate_noise.py)."""
+    from reports.gate_noise import point_stats
+    from reports.recompute import request_latencies
+
+    out = {}
+    for label in run.points["label"]:
+        latencies = request_latencies(run.point_requests(label))
+        columns = {name: latencies[f"{name}_ms"].to_numpy(dtype=float) for name in ("ttft", "tpot", "e2el")}
+        out[label] = point_stats(columns)
+    return out
 
 
 def has_baseline(store: Path) -> bool:

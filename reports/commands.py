@@ -80,6 +80,10 @@ def gate(
     alpha: float = typer.Option(0.05, help="Family-wise significance level (Holm over all points x metrics)."),
     n_boot: int = typer.Option(2000, help="Bootstrap resamples (raised automatically for many tests)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
+    noise_floor: str | None = typer.Option(
+        None, help="Between-run relative SD (e.g. 8%) added to a side measured once (no --repeats); default: "
+        "measured from --baseline-store's blessed history when it has 3+ runs of the same workload."
+    ),
     junit_xml: Path | None = typer.Option(None, help="Write JUnit XML (one test case per metric and point)."),
     markdown: Path | None = typer.Option(None, help="Also write the Markdown table here (for a PR comment)."),
     note: str | None = typer.Option(None, help="When blessing: a note stored in the manifest."),
@@ -121,6 +125,7 @@ def gate(
             alpha=alpha,
             n_boot=n_boot,
             seed=seed,
+            noise_floor=parse_threshold(noise_floor) if noise_floor is not None else None,
         )
         if not config.metrics:
             _error("--metric is empty")
@@ -134,7 +139,7 @@ def gate(
             raise typer.Exit(GATE_EXIT_PASS)
         base_path = baseline if baseline is not None else baseline_run_dir(baseline_store)
         base_run, cand_run = load_run(base_path), load_run(candidate)
-        result = run_gate(base_run, cand_run, config)
+        result = run_gate(base_run, cand_run, config, store=baseline_store)
     except (RunInputError, GateInputError, ValueError) as exc:
         _error(str(exc))
     table = to_markdown(result, str(base_path), str(candidate))

@@ -1,14 +1,15 @@
 """`bench gate`: a noise-aware regression gate between a baseline run and a candidate run.
 
 Per point and metric (e.g. `tpot_p50`), the per-request distributions are resampled (seeded, vectorised
-percentile bootstrap over requests; ITL over pooled chunk gaps) to get the relative change of the
-statistic, candidate / baseline - 1, with its confidence interval and a one-sided bootstrap p-value for
-"the candidate is slower". P-values are Holm-adjusted over every (point, metric) test of the gate so
-the chance of any false alarm stays at `alpha`. A test fails only when the regression is significant
-(adjusted p <= alpha) AND its point estimate exceeds `max_regression`. Latency metrics are
-relative changes; `failure_rate` compares the share of failed requests (one-sided Fisher exact test) and
-fails on a significant increase above `max_failure_increase` percentage points, so a candidate cannot pass
-by failing its slow requests.
+percentile bootstrap; hierarchical over repeats and then requests when a run has `--repeats`, with a between-
+run noise floor for a side measured once, see reports/gate_noise.py; ITL over pooled chunk gaps) to get the
+relative change of the statistic, candidate / baseline - 1, with its confidence interval and a one-sided
+bootstrap p-value for "the candidate is slower". P-values are Holm-adjusted over every (point, metric) test of
+the gate so the chance of any false alarm stays at `alpha`. A test fails only when the regression is
+significant (adjusted p <= alpha) AND its point estimate exceeds `max_regression`. Latency metrics are
+relative changes; `failure_rate` compares the share of failed requests (one-sided Fisher exact test) and fails
+on a significant increase above `max_failure_increase` percentage points, so a candidate cannot pass by
+failing its slow requests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from reports.gate_noise import calibration_gap, hierarchical_bootstrap, history_noise_floor, statistic, widen
 from reports.importers import RunData
 from reports.recompute import LATENCY_METRICS, pooled_itl_ms, request_latencies
 
@@ -29,7 +31,6 @@ from reports.recompute import LATENCY_METRICS, pooled_itl_ms, request_latencies
 # precisely so reruns do not share a warm prefix cache.
 IGNORED_WORKLOAD_KEYS = frozenset({"salt"})
 FAILURE_RATE = "failure_rate"
-MAX_BOOTSTRAP_ELEMENTS = 20_000_000  # per batch, bounds memory for long pooled-ITL samples
 
 
 class GateInputError(ValueError):
@@ -45,6 +46,7 @@ class GateConfig:
     seed: int = 0
     min_samples: int = 5
     max_failure_increase: float = 0.0  # absolute, for `failure_rate`: 0.01 = one percentage point
+    noise_floor: float | None = None  # relative SD between runs, for a side measured once (see gate_noise.py)
     check_workload: bool = True  # off to compare across tools, whose workload records differ
 
 
@@ -63,12 +65,15 @@ class Comparison:
     p_adjusted: float = math.nan
     failed: bool = False
     note: str = ""
+    noise_floor: float | None = None
 
 
 @dataclass
 class GateResult:
     config: GateConfig
     comparisons: list[Comparison] = field(default_factory=list)
+    repeats: tuple[int, int] = (1, 1)  # baseline, candidate
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -121,42 +126,42 @@ def metric_samples(run: RunData, label: str, names: set[str]) -> dict[str, np.nd
     return samples
 
 
-def _statistic(samples: np.ndarray, stat: str | float) -> np.ndarray:
-    if stat == "mean":
-        return samples.mean(axis=-1)
-    return np.percentile(samples, stat, axis=-1)
+def metric_groups(run: RunData, label: str, names: set[str]) -> dict[str, list[np.ndarray]]:
+    """Per-request values in ms, one array per repeat (one array for a run without repeats)."""
+    rows = run.point_requests(label)
+    if "repeat" not in rows or rows["repeat"].isna().all():
+        return {name: [values] for name, values in metric_samples(run, label, names).items()}
+    groups: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for _, repeat_rows in rows.groupby("repeat", sort=True):
+        part = RunData(run.name, run.points, repeat_rows, run.config, run.source)
+        for name, values in metric_samples(part, label, names).items():
+            if values.size:
+                groups[name].append(values)
+    return groups
 
 
-def _bootstrap(values: np.ndarray, stat: str | float, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    n = values.size
-    batch = max(1, MAX_BOOTSTRAP_ELEMENTS // n)
-    out = np.empty(n_boot)
-    for start in range(0, n_boot, batch):
-        stop = min(n_boot, start + batch)
-        out[start:stop] = _statistic(values[rng.integers(0, n, size=(stop - start, n))], stat)
-    return out
-
-
-def bootstrap_ci(
-    values: np.ndarray, stat: str | float = 50.0, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
-) -> tuple[float, float, float]:
-    """(statistic, CI low, CI high) of one sample's mean or percentile, percentile bootstrap."""
-    values = np.asarray(values, dtype=float)
-    boot = _bootstrap(values, stat, n_boot, np.random.default_rng(seed))
-    low, high = np.percentile(boot, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return float(_statistic(values, stat)), float(low), float(high)
-
-
-def compare_samples(
-    baseline: np.ndarray, candidate: np.ndarray, stat: str | float, config: GateConfig, rng: np.random.Generator
+def compare_groups(
+    baseline: list[np.ndarray],
+    candidate: list[np.ndarray],
+    stat: str | float,
+    config: GateConfig,
+    rng: np.random.Generator,
+    noise_floor: float | None = None,
 ) -> tuple[float, float, float, float, float, float]:
-    """(baseline stat, candidate stat, relative change, CI low, CI high, one-sided p for a regression)."""
-    base_value = float(_statistic(baseline, stat))
-    cand_value = float(_statistic(candidate, stat))
-    boot_base = _bootstrap(baseline, stat, config.n_boot, rng)
-    boot_cand = _bootstrap(candidate, stat, config.n_boot, rng)
+    """(baseline stat, candidate stat, relative change, CI low, CI high, one-sided p for a regression).
+
+    Each side's bootstrap resamples its repeats, then requests within them; a side with one repeat gets the
+    between-run `noise_floor` added instead (see reports/gate_noise.py)."""
+    base_value = float(statistic(np.concatenate(baseline), stat))
+    cand_value = float(statistic(np.concatenate(candidate), stat))
+    boots = []
+    for groups in (baseline, candidate):
+        boot = hierarchical_bootstrap(groups, stat, config.n_boot, rng)
+        if len(groups) == 1 and noise_floor:
+            boot = widen(boot, noise_floor, rng)
+        boots.append(boot)
     with np.errstate(divide="ignore", invalid="ignore"):
-        changes = boot_cand / boot_base - 1.0
+        changes = boots[1] / boots[0] - 1.0
         change = cand_value / base_value - 1.0 if base_value > 0 else math.inf if cand_value > 0 else 0.0
     changes = changes[np.isfinite(changes)]
     if not changes.size:
@@ -226,7 +231,24 @@ def _check_workloads(baseline: RunData, candidate: RunData) -> None:
         )
 
 
-def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateResult:
+def num_repeats(run: RunData) -> int:
+    """How many repeats (`bench sweep --repeats`) the run's requests come from."""
+    if "repeat" not in run.requests or run.requests["repeat"].isna().all():
+        return 1
+    return int(run.requests["repeat"].nunique())
+
+
+def _history_key(name: str, stat: str | float) -> str:
+    return f"{name}_{'mean' if stat == 'mean' else 'median' if stat == 50.0 else f'p{stat:g}'}"
+
+
+def _workload(config: dict) -> dict:
+    return {k: v for k, v in (config.get("workload") or {}).items() if k not in IGNORED_WORKLOAD_KEYS}
+
+
+def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: Path | None = None) -> GateResult:
+    """Compare two runs. `store` (a baseline store) supplies the noise floor from its blessed history when a side
+    has one repeat and `config.noise_floor` is not set."""
     labels = check_comparable(baseline, candidate, config.check_workload)
     metrics = [(spec, *parse_metric(spec)) for spec in config.metrics]
     # The smallest bootstrap p-value is 1/(n_boot+1); Holm multiplies it by the number of tests, so
@@ -234,11 +256,13 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
     needed = math.ceil(4 * len(labels) * len(metrics) / config.alpha)
     config = replace(config, n_boot=max(config.n_boot, needed))
     rng = np.random.default_rng(config.seed)
-    result = GateResult(config)
+    result = GateResult(config, repeats=(num_repeats(baseline), num_repeats(candidate)))
     names = {name for _, name, _ in metrics} - {FAILURE_RATE}
+    base_workload = _workload(baseline.config)
+    unwidened = []
     for label in labels:
-        base_samples = metric_samples(baseline, label, names)
-        cand_samples = metric_samples(candidate, label, names)
+        base_groups = metric_groups(baseline, label, names)
+        cand_groups = metric_groups(candidate, label, names)
         for spec, name, stat in metrics:
             if name == FAILURE_RATE:
                 base_rows, cand_rows = baseline.point_requests(label), candidate.point_requests(label)
@@ -246,19 +270,32 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
                 values = compare_failures(counts[0], len(base_rows), counts[1], len(cand_rows), config.alpha)
                 result.comparisons.append(Comparison(label, spec, *values, len(base_rows), len(cand_rows)))
                 continue
-            base, cand = base_samples[name], cand_samples[name]
+            base = np.concatenate(base_groups[name] or [np.empty(0)])
+            cand = np.concatenate(cand_groups[name] or [np.empty(0)])
             if base.size < config.min_samples:
                 raise GateInputError(
                     f"baseline point {label} has {base.size} {name.upper()} samples; "
                     f"at least {config.min_samples} are needed"
                 )
             if cand.size < config.min_samples:
-                result.comparisons.append(Comparison(label, spec, float(_statistic(base, stat)), math.nan, math.inf,
+                result.comparisons.append(Comparison(label, spec, float(statistic(base, stat)), math.nan, math.inf,
                                                      math.nan, math.nan, 0.0, base.size, cand.size, failed=True,
                                                      note=f"candidate has only {cand.size} successful samples"))
                 continue
-            values = compare_samples(base, cand, stat, config, rng)
-            result.comparisons.append(Comparison(label, spec, *values, n_baseline=base.size, n_candidate=cand.size))
+            floor = None
+            if 1 in (len(base_groups[name]), len(cand_groups[name])):
+                floor = config.noise_floor
+                if floor is None and store is not None:
+                    found = history_noise_floor(
+                        store, label, _history_key(name, stat), lambda c: _workload(c) == base_workload
+                    )
+                    floor = found[0] if found else None
+                if floor is None:
+                    unwidened.append(f"{label} {spec}")
+            values = compare_groups(base_groups[name], cand_groups[name], stat, config, rng, floor)
+            result.comparisons.append(
+                Comparison(label, spec, *values, n_baseline=base.size, n_candidate=cand.size, noise_floor=floor)
+            )
     tested = [c for c in result.comparisons if not c.note]
     for comp, adjusted in zip(tested, holm([c.p_value for c in tested]), strict=True):
         comp.p_adjusted = adjusted
@@ -267,7 +304,35 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig) -> GateR
         comp.failed = significant and comp.change > limit
         if significant and not comp.failed and comp.change > 0:
             comp.note = "significant but within the threshold"
+    result.notes = _notes(result, baseline, candidate, unwidened)
     return result
+
+
+def _notes(result: GateResult, baseline: RunData, candidate: RunData, unwidened: list[str]) -> list[str]:
+    notes = []
+    base_repeats, cand_repeats = result.repeats
+    if min(result.repeats) == 1:
+        floors = sorted({c.noise_floor for c in result.comparisons if c.noise_floor})
+        side = "both runs" if base_repeats == cand_repeats == 1 else "baseline" if base_repeats == 1 else "candidate"
+        if floors:
+            notes.append(
+                f"{side} measured once: between-run noise enters only as a noise floor "
+                f"({', '.join(f'{f:.1%}' for f in floors)} relative SD); sweep with --repeats 3 or more to measure it"
+            )
+        if unwidened:
+            notes.append(
+                f"{side} measured once and no noise floor for {', '.join(unwidened)}: the interval holds only "
+                "request-to-request noise, and identical code can fail; pass --noise-floor (docs/GATE.md) or "
+                "sweep with --repeats"
+            )
+    threshold = result.config.max_regression
+    for key, gap in calibration_gap(baseline.config.get("calibration"), candidate.config.get("calibration")).items():
+        if abs(gap) > threshold:
+            notes.append(
+                f"the two runs' machines differ in speed: calibration {key} changed by {gap:+.1%} (more than the "
+                f"{threshold:.0%} threshold); a verdict between different machine states is unreliable"
+            )
+    return notes
 
 
 def _pct(x: float) -> str:
@@ -291,8 +356,11 @@ def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> 
         f"Baseline `{baseline_name}` vs candidate `{candidate_name}`; fails on a regression above "
         f"{cfg.max_regression:.1%} that is significant at alpha={cfg.alpha} (Holm-adjusted over "
         f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}). "
-        f"failure_rate fails on a significant increase above {cfg.max_failure_increase * 100:g} percentage points.",
+        f"failure_rate fails on a significant increase above {cfg.max_failure_increase * 100:g} percentage points. "
+        f"Repeats: baseline {result.repeats[0]}, candidate {result.repeats[1]}.",
         "",
+        *[f"> ⚠️ {note}" for note in result.notes],
+        *([""] if result.notes else []),
         f"| point | metric | baseline | candidate | change | {100 * (1 - cfg.alpha):g}% CI | p (Holm) | n base/cand "
         "| result |",
         "|---|---|---|---|---|---|---|---|---|",
