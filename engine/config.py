@@ -140,12 +140,21 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = knob(
         True, help="Split long prompts across steps.", search=SearchRange(cpu=(False, True))
     )
+    inject_step_delay_ms: float = knob(
+        0.0,
+        help="Benchmarking aid, never for serving: sleep this long in every step that runs the model, to check "
+        "that `bench gate` catches a known slow-down (docs/GATE.md).",
+    )
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs > 0, f"max_num_seqs must be positive, got {self.max_num_seqs}")
         _check(
             self.max_num_batched_tokens > 0,
             f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}",
+        )
+        _check(
+            self.inject_step_delay_ms >= 0,
+            f"inject_step_delay_ms must be >= 0, got {self.inject_step_delay_ms}",
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -31,6 +32,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.num_gpu_blocks)
         self.sampler = Sampler(runner.device, config.model_config.seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
+        self._step_delay_s = config.scheduler_config.inject_step_delay_ms / 1000.0
 
     def add_request(self, request: Request) -> None:
         """Queue a request built by engine.processor.Processor (which validated its token ids, seed and EOS ids);
@@ -54,6 +56,8 @@ class EngineCore:
             return []
         sampling = scheduler_output.sampling_requests()
         logits = self.model_executor.execute_model(scheduler_output)
+        if self._step_delay_s:
+            time.sleep(self._step_delay_s)
         sampled_token_ids: list[list[int]] = []
         logprobs: list[list[list[Logprob]] | None] | None = None
         if sampling:

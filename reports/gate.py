@@ -308,6 +308,10 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
     return result
 
 
+def _speed(run: RunData) -> dict | None:
+    return (run.config.get("calibration") or {}).get("speed")
+
+
 def _notes(result: GateResult, baseline: RunData, candidate: RunData, unwidened: list[str]) -> list[str]:
     notes = []
     base_repeats, cand_repeats = result.repeats
@@ -326,7 +330,7 @@ def _notes(result: GateResult, baseline: RunData, candidate: RunData, unwidened:
                 "sweep with --repeats"
             )
     threshold = result.config.max_regression
-    for key, gap in calibration_gap(baseline.config.get("calibration"), candidate.config.get("calibration")).items():
+    for key, gap in calibration_gap(_speed(baseline), _speed(candidate)).items():
         if abs(gap) > threshold:
             notes.append(
                 f"the two runs' machines differ in speed: calibration {key} changed by {gap:+.1%} (more than the "

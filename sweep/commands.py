@@ -110,6 +110,10 @@ def sweep(
     output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
     client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
+    calibration: bool = typer.Option(
+        True, "--calibration/--no-calibration",
+        help="Record a short machine-speed calibration in config.json (`bench gate` compares it).",
+    ),
     repeats: int = typer.Option(
         1, help="Measure every point this many times, interleaved (repeat k runs all points before k+1); "
         "`bench gate` resamples repeats to see between-run noise."
@@ -171,6 +175,7 @@ def sweep(
             resume=resume,
             client_procs=client_procs,
             repeats=repeats,
+            calibration=calibration,
             ignore_eos=ignore_eos,
             temperature=temperature,
         )

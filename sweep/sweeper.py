@@ -63,6 +63,7 @@ class SweepConfig:
     resume: bool = False
     client_procs: int = 1
     repeats: int = 1  # see sweep/repeats.py
+    calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
     health_timeout_s: float = 600.0
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
@@ -171,6 +172,7 @@ class Sweeper:
         self.tokenizer: Any = None
         self.client: ClientConfig | None = None
         self.salt = uuid.uuid4().hex[:12]
+        self.calibration: dict[str, Any] | None = None
         self._header_printed = False
 
     def __enter__(self) -> Sweeper:
@@ -182,6 +184,11 @@ class Sweeper:
         build_prompts(cfg.workload, self.tokenizer, 1, salt="check")  # a bad workload fails before any file exists
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
+        if cfg.calibration:
+            from sweep.machine_speed import machine_calibration
+
+            with self.console.status("calibrating machine speed (--no-calibration skips it)"):
+                self.calibration = machine_calibration()
         previous = cfg.output_dir / results.CONFIG
         if cfg.resume and previous.exists():
             self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
@@ -248,6 +255,7 @@ class Sweeper:
             "percentiles": cfg.percentiles,
             "versions": _versions(),
             "machine": _machine(),
+            "calibration": self.calibration,
             "command": cfg.command,
         }
 

@@ -109,3 +109,15 @@ def test_engine_core_runs_any_executor() -> None:
             tokens += output.new_token_ids
     assert tokens == [7] * 5
     assert executor.steps == 5
+
+
+def test_inject_step_delay_sleeps_once_per_model_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr("engine.engine_core.time.sleep", sleeps.append)
+    config = EngineConfig.from_kwargs(model="tiny-random", block_size=4, max_model_len=64, inject_step_delay_ms=20)
+    executor = FixedTokenExecutor(token=7, num_blocks=16)
+    core = EngineCore(config, executor=executor)
+    core.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), 0, max_tokens=3))
+    while core.has_unfinished_requests():
+        core.step()
+    assert sleeps == [0.02] * executor.steps and executor.steps == 3

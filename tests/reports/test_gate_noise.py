@@ -92,6 +92,8 @@ def test_machine_speed_difference_is_reported() -> None:
     assert gap == {"cpu_gflops": pytest.approx(-0.2)}
     base = synthetic_run("base", seed=1, with_metrics=False)
     cand = synthetic_run("cand", seed=2, with_metrics=False)
-    base.config["calibration"], cand.config["calibration"] = {"cpu_gflops": 100.0}, {"cpu_gflops": 70.0}
+    base.config["calibration"] = {"speed": {"cpu_gflops": 100.0}, "client": {"ttft_error_p50_ms": 0.5}}
+    cand.config["calibration"] = {"speed": {"cpu_gflops": 70.0}, "client": {"ttft_error_p50_ms": 1.5}}
     result = run_gate(base, cand, GateConfig(metrics=METRICS, max_regression=0.10, noise_floor=0.05))
-    assert any("differ in speed" in note and "cpu_gflops" in note for note in result.notes)
+    assert [note for note in result.notes if "differ in speed" in note and "cpu_gflops" in note]
+    assert not [note for note in result.notes if "ttft_error" in note]  # timing errors are not speeds

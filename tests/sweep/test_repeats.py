@@ -55,7 +55,7 @@ def test_repeats_pool_into_one_point(mock: ServerProcess, tmp_path: Path, monkey
     monkeypatch.setattr(
         sweep.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
     )
-    run_dir = run_sweep(config(mock, tmp_path / "run"))
+    run_dir = run_sweep(config(mock, tmp_path / "run", calibration=True))
     assert labels == ["c0001", "c0002", "c0002", "c0001", "c0001", "c0002"]
     results = sweep.load_results(run_dir)
     assert sorted(results.points["label"]) == ["c0001", "c0002"]
@@ -67,6 +67,9 @@ def test_repeats_pool_into_one_point(mock: ServerProcess, tmp_path: Path, monkey
     assert point["duration"] == pytest.approx(sum(r["duration"] for r in point["repeats"]))
     assert point["output_throughput"] == pytest.approx(point["total_output_tokens"] / point["duration"])
     assert results.config["sweep"]["repeats"] == 3
+    speed = results.config["calibration"]["speed"]
+    assert speed["cpu_matmul_gflops"] > 0 and speed["python_loop_mops"] > 0
+    assert set(results.config["calibration"]["client"]) == {"ttft_error_p50_ms", "tpot_error_p50_ms"}
 
 
 def test_resume_keeps_finished_repeats(mock: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
