@@ -1,10 +1,16 @@
-"""`bench report` and `bench gate`. Heavy modules (pandas, matplotlib) are imported inside each command."""
+"""`bench report`, `bench gate` and `bench ab`. Heavy modules (pandas, matplotlib) are imported inside each command."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from engine.cli_options import knob_option, with_engine_knobs
+
+if TYPE_CHECKING:
+    from reports.gate import GateResult
 
 GATE_EXIT_PASS, GATE_EXIT_FAIL, GATE_EXIT_UNUSABLE = 0, 1, 2
 
@@ -101,8 +107,6 @@ def gate(
         parse_metric,
         parse_threshold,
         run_gate,
-        to_markdown,
-        write_junit,
     )
     from reports.importers import RunInputError, load_run
 
@@ -142,7 +146,14 @@ def gate(
         result = run_gate(base_run, cand_run, config, store=baseline_store)
     except (RunInputError, GateInputError, ValueError) as exc:
         _error(str(exc))
-    table = to_markdown(result, str(base_path), str(candidate))
+    _emit(result, str(base_path), str(candidate), markdown, junit_xml)
+
+
+def _emit(result: GateResult, base_name: str, cand_name: str, markdown: Path | None, junit_xml: Path | None) -> None:
+    """Print the gate's table, write --markdown / --junit-xml, and exit with the verdict's code."""
+    from reports.gate import to_markdown, write_junit
+
+    table = to_markdown(result, base_name, cand_name)
     typer.echo(table)
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +163,78 @@ def gate(
     raise typer.Exit(GATE_EXIT_PASS if result.passed else GATE_EXIT_FAIL)
 
 
+@with_engine_knobs
+def ab(
+    engine_knobs: dict[str, Any],
+    model: str = knob_option("model", "smollm2-135m", help="Model both sides serve."),
+    baseline_ref: str | None = typer.Option(None, help="Baseline: a git ref of this repository (served by its "
+                                            "own `bench serve` from a temporary worktree)."),
+    baseline_command: str | None = typer.Option(None, help="Baseline: a server launch template instead, e.g. "
+                                                "'vllm serve {model} --port {port}'."),
+    baseline_args: str = typer.Option("", help="Extra arguments for the baseline's server command."),
+    candidate_ref: str | None = typer.Option(None, help="Candidate: a git ref (e.g. HEAD)."),
+    candidate_command: str | None = typer.Option(None, help="Candidate: a server launch template instead."),
+    candidate_args: str = typer.Option("", help="Extra arguments for the candidate's server command."),
+    concurrency: str = typer.Option("1,2,4", help="Closed-loop streams per point."),
+    num_prompts: int = typer.Option(64, help="Requests per point and repeat."),
+    repeats: int = typer.Option(3, help="Interleaved repeats per side (docs/GATE.md: why 3)."),
+    workload: str = typer.Option("random", help="Workload (as for bench sweep)."),
+    input_len: int | None = typer.Option(128, help="Prompt tokens (fixed/random workloads)."),
+    output_len: int | None = typer.Option(32, help="Output tokens (fixed/random workloads)."),
+    seed: int = typer.Option(0, help="Workload seed."),
+    slo: str | None = typer.Option(None, help="SLO, e.g. ttft=500,tpot=50 (as for bench sweep)."),
+    output_dir: Path = typer.Option(Path("results/ab"), help="Writes <dir>/baseline and <dir>/candidate."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted A/B in --output-dir."),
+    metric: str = typer.Option("ttft_p90,tpot_p50,e2el_p90,failure_rate", help="Gate metrics (as for bench gate)."),
+    max_regression: str = typer.Option("10%", help="Fail only above this relative slow-down."),
+    alpha: float = typer.Option(0.05, help="Family-wise significance level."),
+    noise_floor: str | None = typer.Option(None, help="Between-run relative SD for a side measured once."),
+    junit_xml: Path | None = typer.Option(None, help="Write JUnit XML."),
+    markdown: Path | None = typer.Option(None, help="Also write the Markdown table here."),
+) -> None:
+    """Interleaved A/B: serve both sides, alternate their sweeps (ABBA...), then gate. Exit 0 pass, 1 regression,
+    2 unusable input."""
+    from reports.ab import Side, run_ab
+    from reports.gate import GateConfig, GateInputError, parse_metric, parse_threshold, run_gate
+    from reports.importers import RunInputError, load_run
+    from sweep.benchmark_metrics import parse_slo
+    from sweep.runner import WorkloadConfig
+    from sweep.sweeper import SweepConfig
+
+    try:
+        config = GateConfig(
+            metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
+            max_regression=parse_threshold(max_regression),
+            alpha=alpha,
+            noise_floor=parse_threshold(noise_floor) if noise_floor is not None else None,
+        )
+        for spec in config.metrics:
+            parse_metric(spec)
+        baseline = Side("baseline", baseline_ref, baseline_command, baseline_args)
+        candidate = Side("candidate", candidate_ref, candidate_command, candidate_args)
+        sweep_config = SweepConfig(
+            output_dir=output_dir,
+            values=[float(c) for c in concurrency.split(",") if c.strip()],
+            model=model,
+            engine_knobs={**engine_knobs, "seed": seed},
+            workload=WorkloadConfig(workload=workload, input_len=input_len, output_len=output_len, seed=seed),
+            num_prompts=num_prompts,
+            repeats=repeats,
+            slo=parse_slo(slo),
+            resume=resume,
+            calibration=True,
+        )
+        base_dir, cand_dir = run_ab(sweep_config, baseline, candidate)
+        result = run_gate(load_run(base_dir), load_run(cand_dir), config)
+    except (RunInputError, GateInputError, ValueError, FileExistsError, RuntimeError) as exc:
+        _error(str(exc))
+    except KeyboardInterrupt:
+        _error(f"interrupted: finished repeats are kept in {output_dir}; continue with the same flags and --resume")
+    _emit(result, str(base_dir), str(cand_dir), markdown, junit_xml)
+
+
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
     app.command("report")(report)
     app.command("gate")(gate)
+    app.command("ab")(ab)
