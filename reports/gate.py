@@ -140,6 +140,16 @@ def metric_groups(run: RunData, label: str, names: set[str]) -> dict[str, list[n
     return groups
 
 
+def bootstrap_ci(
+    values: np.ndarray, stat: str | float = 50.0, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float, float]:
+    """(statistic, CI low, CI high) of one sample's mean or percentile, percentile bootstrap."""
+    values = np.asarray(values, dtype=float)
+    boot = hierarchical_bootstrap([values], stat, n_boot, np.random.default_rng(seed))
+    low, high = np.percentile(boot, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(statistic(values, stat)), float(low), float(high)
+
+
 def compare_groups(
     baseline: list[np.ndarray],
     candidate: list[np.ndarray],
