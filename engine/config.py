@@ -158,10 +158,32 @@ class SchedulerConfig:
         )
 
 
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = knob(
+        1,
+        help="Tensor-parallel ranks: one worker process per rank, each holding its shard of the model.",
+        search=SearchRange(cpu=(1, 2), cuda=(1, 2, 4, 8)),
+    )
+    cpu_threads: int | None = knob(
+        None, help="Torch CPU threads per tensor-parallel rank (default: this machine's cores / the ranks)."
+    )
+
+    def __post_init__(self) -> None:
+        _check(
+            self.tensor_parallel_size > 0,
+            f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}",
+        )
+        _check(
+            self.cpu_threads is None or self.cpu_threads > 0, f"cpu_threads must be positive, got {self.cpu_threads}"
+        )
+
+
 COMPONENTS: dict[str, type] = {
     "model_config": ModelConfig,
     "cache_config": CacheConfig,
     "scheduler_config": SchedulerConfig,
+    "parallel_config": ParallelConfig,
 }
 
 
@@ -173,7 +195,7 @@ def _knob_type(annotation: Any) -> type:
 
 @cache
 def engine_knobs() -> dict[str, KnobSpec]:
-    """Every engine knob by name, in declaration order (model, cache, scheduler)."""
+    """Every engine knob by name, in declaration order (model, cache, scheduler, parallel)."""
     specs: dict[str, KnobSpec] = {}
     for component, cls in COMPONENTS.items():
         hints = typing.get_type_hints(cls)
@@ -215,6 +237,21 @@ def model_context_length(model: str) -> int:
     return ArchConfig.from_hf(load_hf_config(resolve_model(model))).max_model_len
 
 
+def check_tensor_parallel_size(model: str, tensor_parallel_size: int) -> None:
+    """vLLM's rule: the size divides the attention heads, and divides or is a multiple of the KV heads."""
+    from engine.distributed import valid_tensor_parallel_sizes
+    from engine.model_files import load_hf_config, resolve_model
+    from engine.models.arch_config import ArchConfig
+
+    arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
+    valid = valid_tensor_parallel_sizes(arch.num_attention_heads, arch.num_key_value_heads)
+    _check(
+        tensor_parallel_size in valid,
+        f"tensor_parallel_size={tensor_parallel_size} does not split {model}'s {arch.num_attention_heads} attention "
+        f"heads and {arch.num_key_value_heads} KV heads; valid sizes: {', '.join(map(str, valid))}",
+    )
+
+
 @dataclass
 class EngineConfig:
     """The engine's whole configuration. After construction `model_config.max_model_len` is an int.
@@ -227,11 +264,14 @@ class EngineConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)
+        if self.parallel_config.tensor_parallel_size > 1:
+            check_tensor_parallel_size(mc.model, self.parallel_config.tensor_parallel_size)
         if not sc.enable_chunked_prefill:
             _check(
                 sc.max_num_batched_tokens >= mc.max_model_len,

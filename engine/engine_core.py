@@ -20,7 +20,12 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
-        """`executor` runs the model; the default is an in-process ModelRunner built from `config`."""
+        """`executor` runs the model; the default is an in-process ModelRunner built from `config`, or with
+        tensor_parallel_size > 1 a MultiprocExecutor (one worker process per rank)."""
+        if executor is None and config.parallel_config.tensor_parallel_size > 1:
+            from engine.executor.multiproc_executor import MultiprocExecutor
+
+            executor = MultiprocExecutor(config)
         self.model_executor: Executor = executor if executor is not None else ModelRunner(config)
         self.config = config
         runner = self.model_executor

@@ -6,9 +6,10 @@ reference numerics and the precision the CPU benchmarks use.
 
 KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
 * cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
-  the KV cache gets `gpu_memory_utilization * total - peak - memory held by others`.
-* cpu: `gpu_memory_utilization * MemAvailable` (read after the weights are loaded) minus an estimate of
-  the activations at max_num_batched_tokens.
+  the KV cache gets `gpu_memory_utilization * total - peak - memory held by others` (per rank: one device each).
+* cpu: `gpu_memory_utilization * MemAvailable` (read before the weights load) minus the weights (read after they
+  loaded), split evenly over the tensor-parallel ranks that share the RAM, minus an estimate of the activations
+  at max_num_batched_tokens.
 Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use.
 
 Invariant: every slot the attention backend reads is finite. The cache is allocated uninitialised (on
@@ -25,11 +26,11 @@ import torch
 
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
-from engine.distributed import get_tensor_model_parallel_world_size
+from engine.distributed import get_tensor_model_parallel_world_size, get_tp_group
 from engine.model_files import load_hf_config, resolve_model
+from engine.model_input import ModelInput, prepare_model_input
 from engine.model_loader import load_model
 from engine.models import ArchConfig
-from engine.request import Request
 from engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -59,17 +60,6 @@ def _mem_available_bytes() -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
-def _token_slice(request: Request, start: int, count: int) -> list[int]:
-    """request.all_token_ids[start:start+count] without concatenating prompt and output lists."""
-    prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
-    if start >= num_prompt:
-        return request.output_token_ids[start - num_prompt : start - num_prompt + count]
-    tokens = prompt[start : start + count]
-    if start + count > num_prompt:
-        tokens = tokens + request.output_token_ids[: start + count - num_prompt]
-    return tokens
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, attention_backend: str = "torch") -> None:
         self.config = config
@@ -85,9 +75,14 @@ class ModelRunner:
         self.vocab_size = self.arch.vocab_size
         self.eos_token_ids = self._eos_token_ids()
         torch.manual_seed(mc.seed)
+        if self.device.type == "cpu" and config.parallel_config.cpu_threads is not None:
+            torch.set_num_threads(config.parallel_config.cpu_threads)
         # On the CPU, gpu_memory_utilization is a fraction of the RAM available before the weights load, so
         # it covers weights + activations + KV cache as on a GPU.
+        # With tensor parallelism the ranks share the RAM: each reads it before any loads (and, in
+        # _kv_budget_bytes, after all have loaded), so every rank sees the same figures and takes 1/tp of the budget.
         self._mem_available_before_weights = _mem_available_bytes() if self.device.type == "cpu" else 0
+        get_tp_group().barrier()
         self.model, _, _ = load_model(
             str(self.model_path), self.dtype, self.device, self.max_model_len, quantization=mc.quantization
         )
@@ -154,8 +149,10 @@ class ModelRunner:
             held_by_others = total - free - torch.cuda.memory_reserved(self.device)
             return int(total * utilization - peak - held_by_others)
         before = self._mem_available_before_weights
-        weights_and_runtime = max(before - _mem_available_bytes(), 0)
-        return int(before * utilization - weights_and_runtime - self._cpu_activation_bytes())
+        tp_group = get_tp_group()
+        tp_group.barrier()
+        weights_and_runtime = max(before - _mem_available_bytes(), 0)  # every rank's
+        return int((before * utilization - weights_and_runtime) / tp_group.world_size - self._cpu_activation_bytes())
 
     def _cpu_activation_bytes(self) -> int:
         arch, sc = self.arch, self.config.scheduler_config
@@ -194,42 +191,25 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.model.bind_kv_caches(self.kv_caches)
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """One forward pass over every scheduled token; float32 logits, `num_logits_rows` per scheduled request
         in batch order (the last known token's, then one per draft)."""
+        return self.execute_model_input(prepare_model_input(scheduler_output, self.block_size))
+
+    @torch.inference_mode()
+    def execute_model_input(self, model_input: ModelInput) -> torch.Tensor:
+        """The forward pass of a prepared step (every tensor-parallel rank runs the same one); its sample rows'
+        float32 logits."""
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache must run before execute_model")
-        input_ids: list[int] = []
-        query_lens: list[int] = []
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
-        flat_block_ids: list[int] = []
-        sample_rows: list[int] = []
-        for scheduled in scheduler_output.scheduled:
-            request, num_new, drafts = scheduled.request, scheduled.num_scheduled_tokens, scheduled.spec_token_ids
-            computed = request.num_computed_tokens
-            input_ids += _token_slice(request, computed, num_new - len(drafts)) + drafts
-            query_lens.append(num_new)
-            context_lens.append(computed)
-            block_tables.append(scheduled.block_ids)
-            flat_block_ids += scheduled.block_ids
-            sample_rows += range(len(input_ids) - scheduled.num_logits_rows, len(input_ids))
-        device, bs = self.device, self.block_size
-        num_tokens = len(input_ids)
-        q_lens = torch.tensor(query_lens)
-        # positions: for token t of request r, context_lens[r] + (t - first token of r)
-        seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
-        first_token = torch.cumsum(q_lens, 0) - q_lens
-        positions = torch.arange(num_tokens) - (first_token - torch.tensor(context_lens))[seq_index]
-        table_starts = torch.tensor([0] + [len(t) for t in block_tables[:-1]]).cumsum(0)
-        blocks = torch.tensor(flat_block_ids)[table_starts[seq_index] + torch.div(positions, bs, rounding_mode="floor")]
-        slot_mapping = blocks * bs + positions % bs
-        self._zero_entered_blocks(blocks[positions % bs == 0])
-        seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
-        metadata = self.attn_backend.build_metadata(query_lens, seq_lens, block_tables, slot_mapping.to(device), device)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
-        ids = torch.tensor(input_ids, device=device)
+        device = self.device
+        self._zero_entered_blocks(torch.from_numpy(model_input.entered_blocks))
+        slot_mapping = torch.from_numpy(model_input.slot_mapping).to(device)
+        metadata = self.attn_backend.build_metadata(
+            model_input.query_lens, model_input.seq_lens, model_input.block_tables, slot_mapping, device
+        )
+        rows = torch.from_numpy(model_input.sample_rows).to(device)
+        ids, positions = torch.from_numpy(model_input.input_ids).to(device), torch.from_numpy(model_input.positions)
         hidden = self.model(ids, positions.to(device), self.attn_backend, metadata, output_rows=rows)
         return self.model.compute_logits(hidden).float()
 

@@ -9,9 +9,11 @@ from engine.distributed.parallel_state import (
     get_tp_group,
     init_distributed_environment,
     initialize_model_parallel,
+    pop_collective_seconds,
     split_kv_heads,
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
+    valid_tensor_parallel_sizes,
 )
 
 __all__ = [
@@ -23,7 +25,9 @@ __all__ = [
     "get_tp_group",
     "init_distributed_environment",
     "initialize_model_parallel",
+    "pop_collective_seconds",
     "split_kv_heads",
     "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce",
+    "valid_tensor_parallel_sizes",
 ]

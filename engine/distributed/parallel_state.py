@@ -8,6 +8,7 @@ tensor-parallel group (there is no pipeline parallelism).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,16 +27,36 @@ class GroupCoordinator:
         """The elementwise sum of `x` over the group (in place)."""
         if self.world_size == 1:
             return x
+        start = time.perf_counter()
         dist.all_reduce(x, group=self.device_group)
+        _COLLECTIVE_SECONDS[0] += time.perf_counter() - start
         return x
+
+    def barrier(self) -> None:
+        """Wait until every rank of the group gets here."""
+        if self.world_size > 1:
+            dist.barrier(group=self.device_group)
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Every rank's `x` concatenated along `dim`, in rank order."""
         if self.world_size == 1:
             return x
+        start = time.perf_counter()
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous(), group=self.device_group)
+        _COLLECTIVE_SECONDS[0] += time.perf_counter() - start
         return torch.cat(parts, dim=dim)
+
+
+# Seconds this process has spent in all-reduce / all-gather calls (gloo: the whole exchange, waiting for the
+# slowest rank included; NCCL: only the launch, the collective itself runs asynchronously on the stream).
+_COLLECTIVE_SECONDS = [0.0]
+
+
+def pop_collective_seconds() -> float:
+    """The seconds spent in collectives since the last call."""
+    seconds, _COLLECTIVE_SECONDS[0] = _COLLECTIVE_SECONDS[0], 0.0
+    return seconds
 
 
 _SINGLE_PROCESS = GroupCoordinator(rank_in_group=0, world_size=1, device_group=None)
@@ -112,3 +133,12 @@ def split_kv_heads(total_num_kv_heads: int, tp_size: int) -> tuple[int, int]:
     if tp_size >= total_num_kv_heads:
         return 1, divide(tp_size, total_num_kv_heads)
     return divide(total_num_kv_heads, tp_size), 1
+
+
+def valid_tensor_parallel_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:
+    """The sizes that divide the attention heads and either divide the KV heads or are a multiple of them."""
+    return [
+        size
+        for size in range(1, num_attention_heads + 1)
+        if num_attention_heads % size == 0 and (num_kv_heads % size == 0 or size % num_kv_heads == 0)
+    ]
