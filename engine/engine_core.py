@@ -86,6 +86,13 @@ class EngineCore:
                 start = end
         return self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
 
+    def check_health(self) -> None:
+        """Raise if the executor can no longer run steps (a tensor-parallel rank died); an executor without
+        `check_health` runs in this process and is healthy while this runs."""
+        check = getattr(self.model_executor, "check_health", None)
+        if check is not None:
+            check()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

@@ -191,6 +191,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.model.bind_kv_caches(self.kv_caches)
 
+    def check_health(self) -> None:
+        """In-process: the model runs in this very process, so there is nothing that can have died."""
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """One forward pass over every scheduled token; float32 logits, `num_logits_rows` per scheduled request
         in batch order (the last known token's, then one per draft)."""

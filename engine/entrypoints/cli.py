@@ -82,11 +82,13 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
         engine = EngineClient(config, metrics)
         logger.info("loading %s in the engine process...", config.model_config.model)
         info = engine.start()
+        metrics.set_engine_info(info.num_gpu_blocks, info.block_size, info.tensor_parallel_size)
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
         startup_line = (
-            f"Serving {served_name} (model {info.model}, max_model_len {info.max_model_len}, KV cache "
-            f"{info.num_gpu_blocks} blocks x {info.block_size} = {info.kv_capacity_tokens} tokens) "
+            f"Serving {served_name} (model {info.model}, max_model_len {info.max_model_len}, tensor_parallel_size "
+            f"{info.tensor_parallel_size}, KV cache {info.num_gpu_blocks} blocks x {info.block_size} = "
+            f"{info.kv_capacity_tokens} tokens per rank) "
             f"at http://{url_host}:{port}"
         )
         server = Server(engine, tokenizer, server_config, metrics)

@@ -40,6 +40,7 @@ class EngineInfo:
     block_size: int
     # Engine clock → Unix time: epoch_seconds = engine_monotonic + epoch_offset (measured in the engine process).
     epoch_offset: float
+    tensor_parallel_size: int = 1  # num_gpu_blocks is per rank: each rank's cache holds its KV heads of every block
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -55,6 +56,7 @@ def _engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
         num_gpu_blocks=core.num_gpu_blocks,
         block_size=config.cache_config.block_size,
         epoch_offset=time.time() - time.monotonic(),
+        tensor_parallel_size=config.parallel_config.tensor_parallel_size,
     )
 
 
@@ -114,6 +116,7 @@ def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:
             last_parent_check = now
             if parent is not None and not parent.is_alive():
                 return  # the API process died: never outlive it
+            core.check_health()  # a dead tensor-parallel rank ends this process now, not at the next request
 
 
 def _handle(core: EngineCore, message: tuple, requests: dict[str, Request], output_queue: Any) -> None:

@@ -82,6 +82,15 @@ class ServerMetrics:
                        self.prefill_time, self.decode_time):  # fmt: skip
             metric.labels(model_name)  # export every series from the start, at zero
 
+    def set_engine_info(self, num_gpu_blocks: int, block_size: int, tensor_parallel_size: int) -> None:
+        """vLLM's `vllm:cache_config_info` (KV blocks per rank) and the tensor-parallel size, as info gauges."""
+        cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache (num_gpu_blocks is per rank).",
+                           ["model_name", "block_size", "num_gpu_blocks"], registry=self.registry)  # fmt: skip
+        cache_info.labels(self.model_name, str(block_size), str(num_gpu_blocks)).set(1)
+        parallel_info = Gauge("servelab:parallel_config_info", "Information of the parallel configuration.",
+                              ["model_name", "tensor_parallel_size"], registry=self.registry)  # fmt: skip
+        parallel_info.labels(self.model_name, str(tensor_parallel_size)).set(1)
+
     def update_stats(self, stats: SchedulerStats) -> None:
         name = self.model_name
         self.num_requests_running.labels(name).set(stats.num_running_reqs)

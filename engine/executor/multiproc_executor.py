@@ -22,6 +22,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
+from multiprocessing import BufferTooShort
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -178,7 +179,7 @@ class MultiprocExecutor:
         self._broadcast(payload)
         shape, times = self._wait_for_logits()
         logits = np.empty(shape, dtype=np.float32)
-        self._conns[0].recv_bytes_into(logits.reshape(-1).view(np.uint8))  # a flat byte view: recv counts items
+        self._receive_into(logits.reshape(-1).view(np.uint8))  # a flat byte view: recv_bytes_into counts items
         stats = self.stats
         stats.num_steps += 1
         stats.step_payload_bytes += len(payload)
@@ -206,14 +207,26 @@ class MultiprocExecutor:
         logger.error("%s", message)
         return EngineDeadError(message)
 
+    def _died(self, rank: int) -> EngineDeadError:
+        process = self._processes[rank]
+        process.join(timeout=1.0)
+        return self._fail(
+            f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"
+        )
+
+    def _error(self, rank: int, error: str) -> EngineDeadError:
+        """Rank `rank` failed with `error`; a peer killed by a signal is the cause (the collectives lost it)."""
+        for peer, process in enumerate(self._processes):
+            if peer != rank and process.exitcode is not None and process.exitcode < 0:
+                return self._died(peer)
+        return self._fail(f"tensor-parallel worker rank {rank} failed: {error}")
+
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(self._dead)
         for rank, process in enumerate(self._processes):
             if not process.is_alive():
-                raise self._fail(
-                    f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"
-                )
+                raise self._died(rank)
 
     def _broadcast(self, payload: bytes) -> None:
         self._check_alive()
@@ -227,17 +240,32 @@ class MultiprocExecutor:
         try:
             message = pickle.loads(self._conns[rank].recv_bytes())
         except (EOFError, OSError):
-            process = self._processes[rank]
-            process.join(timeout=1.0)
-            raise self._fail(
-                f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"
-            ) from None
+            raise self._died(rank) from None
         if message[0] == "error":
-            raise self._fail(f"tensor-parallel worker rank {message[1]} failed: {message[2]}")
+            raise self._error(message[1], message[2])
         return message
 
+    def _receive_into(self, buffer: np.ndarray) -> None:
+        """Rank 0's raw logits bytes into `buffer`; a message of another size is its error (or garbage)."""
+        try:
+            self._conns[0].recv_bytes_into(buffer)
+            return
+        except BufferTooShort as short:
+            received = short.args[0]
+        except (EOFError, OSError):
+            raise self._died(0) from None
+        try:
+            message = pickle.loads(received)
+        except Exception:  # noqa: BLE001 - not a message at all
+            message = ("garbage",)
+        if message[0] == "error":
+            raise self._error(message[1], message[2])
+        raise self._fail(
+            f"tensor-parallel worker rank 0 sent {len(received)} bytes of logits, expected {buffer.nbytes}"
+        )
+
     def _wait(self, pending: set[int], timeout_s: float | None) -> list[int]:
-        """Ranks in `pending` with a message; raises EngineDeadError when any rank dies first."""
+        """Ranks in `pending` with a message (or EOF); raises EngineDeadError when a rank exits first."""
         sentinels = {process.sentinel: rank for rank, process in enumerate(self._processes)}
         conns = {self._conns[rank]: rank for rank in pending}
         ready = wait([*conns, *sentinels], timeout=timeout_s)
@@ -246,12 +274,10 @@ class MultiprocExecutor:
         with_message = [conns[r] for r in ready if r in conns]
         if with_message:
             return with_message
-        rank = min(sentinels[r] for r in ready)  # a rank exited without a word (killed)
-        process = self._processes[rank]
-        process.join()
-        raise self._fail(
-            f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"
-        )
+        rank = min(sentinels[r] for r in ready)
+        if self._conns[rank].poll():
+            self._receive(rank)  # its last word, sent outside `pending`: its error
+        raise self._died(rank)
 
     def _collect(self, kind: str, ranks: range, timeout_s: float | None = None) -> list[Any]:
         """The payload of one `kind` message from each rank, in rank order."""

@@ -141,7 +141,7 @@ def _serve(rank: int, runner: Any, conn: Connection) -> None:
                 array = logits.cpu().numpy()
                 times = StepTimes(time.perf_counter() - start, pop_collective_seconds())
                 _send(conn, ("logits", array.shape, times))
-                conn.send_bytes(array)
+                conn.send_bytes(array if array.size else b"")  # a step without sample rows sends no bytes
         elif kind == "determine_num_blocks":
             _send(conn, ("ok", runner.determine_num_blocks()))
         elif kind == "initialize_kv_cache":

@@ -23,6 +23,20 @@ def _model_max_len(model: str) -> int | None:
         return None
 
 
+def _model_tensor_parallel_sizes(model: str) -> tuple[int, ...] | None:
+    """The tensor-parallel sizes the model's heads split into (vLLM's rule, so external engines' too), when the
+    model's config can be read here."""
+    try:
+        from engine.distributed import valid_tensor_parallel_sizes
+        from engine.model_files import load_hf_config, resolve_model
+        from engine.models import ArchConfig
+
+        arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
+    except Exception:  # an external engine's model we cannot open here: the device filter only
+        return None
+    return tuple(valid_tensor_parallel_sizes(arch.num_attention_heads, arch.num_key_value_heads))
+
+
 def _check_workload(workload: str, input_len: int | None, output_len: int | None, seed: int) -> None:
     """A bad workload or length option is one clear error before any trial, not a failure in every trial."""
     import workloads
@@ -132,7 +146,8 @@ def tune(
         _check_workload(workload, input_len, output_len, seed)
         model_max_len = None if launch_command else _model_max_len(model)
         longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
-        device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1))
+        device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1),
+                                   tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)
         if grid:
             search_space.grid()  # every knob needs a finite list of values

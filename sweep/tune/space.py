@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from engine.config import COMPONENTS, SearchRange, engine_knobs, knob_args
+from engine.config import SearchRange, engine_knobs, knob_args
 
 KNOB_KINDS = ("int", "float", "bool", "categorical")
 
@@ -34,9 +34,16 @@ class DeviceInfo:
     num_devices: int = 1
     model_max_len: int | None = None  # the model's context length, when known
     min_model_len: int = 1  # the workload's longest prompt + output: shorter max_model_len cannot serve it
+    num_cpus: int = 1  # the cores this process may use: CPU tensor-parallel ranks share them
+    tensor_parallel_sizes: tuple[int, ...] | None = None  # the sizes the model's heads split into, when known
 
     @classmethod
-    def detect(cls, model_max_len: int | None = None, min_model_len: int = 1) -> DeviceInfo:
+    def detect(
+        cls, model_max_len: int | None = None, min_model_len: int = 1,
+        tensor_parallel_sizes: tuple[int, ...] | None = None,
+    ) -> DeviceInfo:  # fmt: skip
+        import os
+
         import torch
 
         cuda = torch.cuda.is_available()
@@ -45,6 +52,8 @@ class DeviceInfo:
             num_devices=torch.cuda.device_count() if cuda else 1,
             model_max_len=model_max_len,
             min_model_len=min_model_len,
+            num_cpus=len(os.sched_getaffinity(0)),
+            tensor_parallel_sizes=tensor_parallel_sizes,
         )
 
 
@@ -132,10 +141,26 @@ def _filter_gpu_memory_utilization(knob: Knob, dev: DeviceInfo) -> str | None:
             "the engine default is used")
 
 
+def _filter_tensor_parallel_size(knob: Knob, dev: DeviceInfo) -> str | None:
+    limit, what = (dev.num_devices, "GPUs") if dev.device == "cuda" else (dev.num_cpus, "CPU cores")
+    notes = [_keep_choices(knob, lambda v: v <= limit, f"more ranks than the {limit} {what} here")]
+    if dev.tensor_parallel_sizes is not None:
+        valid = dev.tensor_parallel_sizes
+        notes.append(_keep_choices(knob, lambda v: v in valid,
+                                   f"the model's attention and KV heads split only into {list(valid)}"))
+    if knob.choices == [1]:
+        knob.choices = []
+        notes.append(f"{knob.name}: only 1 fits, not searched (the engine default)")
+    return "; ".join(n for n in notes if n) or None
+
+
 DEVICE_FILTERS: dict[str, Callable[[Knob, DeviceInfo], str | None]] = {
     "max_model_len": _filter_max_model_len,
     "gpu_memory_utilization": _filter_gpu_memory_utilization,
+    "tensor_parallel_size": _filter_tensor_parallel_size,
 }
+# The order a trial draws the default knobs in: a seeded study's trials stay the same as knobs are added.
+_DRAW_ORDER = ("scheduler_config", "cache_config", "model_config", "parallel_config")
 
 
 def _default_choices(search: SearchRange, dev: DeviceInfo) -> list[Any]:
@@ -150,10 +175,10 @@ def _default_choices(search: SearchRange, dev: DeviceInfo) -> list[Any]:
 def default_knobs(dev: DeviceInfo) -> list[Knob]:
     """The default space: every engine knob whose field declares a search range, with the device's values.
 
-    The scheduler's knobs come first, then the cache's, then the model's: a sampler's draws follow this order, so
-    it is what keeps a seeded study's trials the same.
+    The scheduler's knobs come first, then the cache's, the model's and the parallel ones: a sampler's draws follow
+    this order, so it is what keeps a seeded study's trials the same.
     """
-    specs = sorted(engine_knobs().values(), key=lambda spec: -list(COMPONENTS).index(spec.component))
+    specs = sorted(engine_knobs().values(), key=lambda spec: _DRAW_ORDER.index(spec.component))
     return [
         Knob(spec.name, "bool" if spec.value_type is bool else "categorical",
              choices=_default_choices(spec.search, dev), device_filter=DEVICE_FILTERS.get(spec.name))

@@ -19,6 +19,7 @@ from engine.config import (
     knob_args,
     model_context_length,
 )
+from engine.distributed import valid_tensor_parallel_sizes
 from engine.model_files import ModelNotFoundError
 
 
@@ -60,12 +61,30 @@ def test_defaults_follow_the_issue() -> None:
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_num_batched_tokens": -1}, "max_num_batched_tokens"),
         ({"max_num_sequences": 4}, "max_num_sequences"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"cpu_threads": 0}, "cpu_threads"),
     ],
 )
 def test_bad_knobs_are_config_errors_naming_the_knob(knobs: dict[str, object], named: str, tmp_path: Path) -> None:
     knobs = {"model": str(tmp_path / "no-such-model"), **knobs}  # checked before the model is looked at
     with pytest.raises(ConfigError, match=named):
         EngineConfig.from_kwargs(**knobs)
+
+
+def test_tensor_parallel_size_must_split_the_heads_and_the_error_lists_the_valid_sizes() -> None:
+    # the default model: 9 attention heads, 3 KV heads
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 does not split .* 9 attention heads and 3 KV "
+                                          r"heads; valid sizes: 1, 3, 9$"):  # fmt: skip
+        EngineConfig.from_kwargs(model="smollm2-135m", tensor_parallel_size=2)
+    config = EngineConfig.from_kwargs(model="tiny-random", tensor_parallel_size=4)  # 4 heads, 2 KV heads replicated
+    assert config.parallel_config.tensor_parallel_size == 4
+
+
+def test_valid_tensor_parallel_sizes_follow_vllm() -> None:
+    assert valid_tensor_parallel_sizes(9, 3) == [1, 3, 9]
+    assert valid_tensor_parallel_sizes(32, 8) == [1, 2, 4, 8, 16, 32]  # more ranks than KV heads: replicated
+    assert valid_tensor_parallel_sizes(12, 4) == [1, 2, 4, 12]  # 3 and 6 neither divide 4 nor are multiples of it
+    assert valid_tensor_parallel_sizes(14, 2) == [1, 2, 14]  # 7 is not a multiple of 2
 
 
 def test_quantization_error_lists_the_valid_methods() -> None:

@@ -28,7 +28,7 @@ def test_engine_knob_names_come_from_the_config_dataclasses() -> None:
     assert {"max_num_seqs", "max_num_batched_tokens", "block_size", "enable_prefix_caching", "max_model_len"} <= set(
         names
     )
-    assert "quantization" in names and "tensor_parallel_size" not in names
+    assert "quantization" in names and "tensor_parallel_size" in names and "pipeline_parallel_size" not in names
 
 
 def test_default_space_is_every_knob_with_a_search_range() -> None:
@@ -57,7 +57,22 @@ def test_unknown_model_length_leaves_max_model_len_to_the_engine() -> None:
     assert "max_model_len" not in space.names and "max_model_len" not in space.fixed
 
 
-@pytest.mark.parametrize("name", ["tensor_parallel_size", "num_speculative_tokens", "max_num_sequences"])
+def test_tensor_parallel_sizes_are_those_of_the_model_and_the_devices_present() -> None:
+    def tp_space(dev: DeviceInfo) -> tuple[list[int] | None, list[str]]:
+        space = build_space(dev)
+        knob = next((k for k in space.knobs if k.name == "tensor_parallel_size"), None)
+        return (knob.choices if knob else None), [n for n in space.notes if n.startswith("tensor_parallel_size")]
+
+    assert tp_space(DeviceInfo(device="cpu", num_cpus=2, tensor_parallel_sizes=(1, 2, 4)))[0] == [1, 2]
+    choices, notes = tp_space(DeviceInfo(device="cuda", num_devices=8, tensor_parallel_sizes=(1, 3, 9)))
+    assert choices is None and "tensor_parallel_size" not in build_space(DeviceInfo(device="cuda", num_devices=8)).fixed
+    assert "excluded [2, 4, 8] (the model's attention and KV heads split only into [1, 3, 9])" in notes[0]
+    assert "only 1 fits, not searched" in notes[0]
+    assert tp_space(DeviceInfo(device="cuda", num_devices=4, tensor_parallel_sizes=(1, 2, 4, 8)))[0] == [1, 2, 4]
+    assert tp_space(DeviceInfo(device="cpu", num_cpus=1))[0] is None  # one core: TP stays at the default, 1
+
+
+@pytest.mark.parametrize("name", ["pipeline_parallel_size", "num_speculative_tokens", "max_num_sequences"])
 def test_a_space_file_knob_that_is_not_an_engine_field_is_an_error_listing_the_knobs(
     tmp_path: Path, name: str
 ) -> None:
@@ -130,6 +145,8 @@ def test_serve_command_and_templates() -> None:
                            "{enable_prefix_caching_flag}", "m", knobs, port=9)
     assert filled == "vllm serve m --port 9 --max-num-seqs 8 --no-enable-prefix-caching"
     assert fill_template("x {knob_flags}", "m", {"block_size": 16}) == "x --block-size 16"
+    tp = fill_template("vllm serve {model} {tensor_parallel_size_flag}", "m", {"tensor_parallel_size": 2})
+    assert tp == "vllm serve m --tensor-parallel-size 2"  # vLLM's flag for external engines too
     with pytest.raises(SpaceError, match="max_num_sequences"):
         fill_template("vllm serve {model} --max-num-seqs {max_num_sequences}", "m", knobs)
     plain = "vllm serve {model} --host {host} --port {port} --max-num-seqs {max_num_seqs} --pc {enable_prefix_caching}"
