@@ -8,6 +8,7 @@ of its ranks runs last.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,13 +133,17 @@ def test_a_killed_rank_fails_the_engine_with_its_rank_and_leaves_no_rank(tp2: En
 
 DRIVER = textwrap.dedent(
     """
-    import sys, time
-    from engine import LLM
+    import json, sys, time
+    from engine import LLM, SamplingParams
 
     if __name__ == "__main__":
-        llm = LLM("tiny-random", tensor_parallel_size=2, dtype="float32", max_model_len=128,
-                  num_gpu_blocks_override=16)
-        print(" ".join(str(p.pid) for p in llm.llm_engine.engine_core.model_executor._processes), flush=True)
+        prompts, max_tokens = json.loads(sys.argv[1]), int(sys.argv[2])
+        llm = LLM("smollm2-135m", tensor_parallel_size=3, dtype="float32", max_model_len=128,
+                  max_num_batched_tokens=32, num_gpu_blocks_override=32)
+        print(json.dumps([p.pid for p in llm.llm_engine.engine_core.model_executor._processes]), flush=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+        print(json.dumps([out.outputs[0].token_ids for out in outputs]), flush=True)
         time.sleep(600)
     """
 )
@@ -152,16 +157,22 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.slow  # a second pair of ranks: ~10 s on 2 cores
-def test_a_killed_driver_leaves_no_rank_behind(tmp_path: Path) -> None:
+@pytest.mark.slow  # the default model in three ranks: ~30 s on 2 cores
+def test_three_ranks_of_the_default_model_match_hf_and_a_killed_driver_leaves_no_rank(tmp_path: Path) -> None:
+    """One driver process: its greedy output equals HF's (computed here meanwhile), then it is SIGKILLed."""
+    tokenizer = get_tokenizer("smollm2-135m")
+    prompts = [tokenizer.encode(text) for text in TEXTS[2:5]]
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    driver = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    command = [sys.executable, str(script), json.dumps(prompts), "8"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    driver = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
     try:
+        expected = hf_greedy("smollm2-135m", prompts, 8)
         assert driver.stdout is not None
-        pids = [int(pid) for pid in driver.stdout.readline().split()]
-        assert len(pids) == 2 and all(pid_alive(pid) for pid in pids)
+        pids = json.loads(driver.stdout.readline())
+        assert_same(json.loads(driver.stdout.readline()), expected)
+        assert len(pids) == 3 and all(pid_alive(pid) for pid in pids)
         driver.kill()
         driver.wait(timeout=30)
         deadline = time.monotonic() + 15
@@ -171,16 +182,3 @@ def test_a_killed_driver_leaves_no_rank_behind(tmp_path: Path) -> None:
     finally:
         driver.kill()
         driver.wait()
-
-
-@pytest.mark.slow  # the default model in three ranks
-def test_three_ranks_of_the_default_model_match_hf() -> None:
-    tokenizer = get_tokenizer("smollm2-135m")
-    prompts = [tokenizer.encode(text) for text in TEXTS[2:5]]
-    expected = hf_greedy("smollm2-135m", prompts, 8)
-    llm = LLM("smollm2-135m", tensor_parallel_size=3, dtype="float32", max_model_len=256,
-              max_num_batched_tokens=32, num_gpu_blocks_override=64)  # fmt: skip
-    try:
-        assert_same(generate(llm, prompts, 8), expected)
-    finally:
-        llm.llm_engine.engine_core.model_executor.shutdown()  # type: ignore[attr-defined]
