@@ -21,3 +21,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
 
     app.command("throughput", context_settings={"obj": load_workload})(throughput)
     app.command("prepare-model")(prepare_model)
+
+    from engine.benchmarks.tensor_parallel import throughput_tp
+
+    app.command("throughput-tp")(throughput_tp)

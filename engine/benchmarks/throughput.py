@@ -57,6 +57,13 @@ class ThroughputResult:
     achieved_gflops: float | None = None
     roofline_fraction: float | None = None
     roofline_tokens_per_second: float | None = None
+    tensor_parallel_size: int = 1
+    # With tensor_parallel_size > 1, means per step (engine/executor/multiproc_executor.py TensorParallelStats)
+    tp_step_payload_bytes: float | None = None
+    tp_logits_bytes: float | None = None
+    tp_step_ms: float | None = None
+    tp_execute_ms: float | None = None
+    tp_collective_ms: float | None = None
 
     @classmethod
     def measure(cls, backend: str, model: str, dtype: str, requests: list[BenchRequest], elapsed: float) -> Any:
@@ -154,6 +161,12 @@ def run_engine(model: str, requests: list[BenchRequest], knobs: dict[str, Any]) 
     result.achieved_gflops = flop / elapsed / 1e9
     result.roofline_fraction = result.achieved_gflops / roofline
     result.roofline_tokens_per_second = roofline * 1e9 / (flop / result.total_num_tokens)
+    tp_stats = getattr(runner, "stats", None)
+    if tp_stats is not None:
+        result.tensor_parallel_size = tp_stats.tensor_parallel_size
+        for name, value in tp_stats.per_step().items():
+            setattr(result, f"tp_{name}", value)
+        runner.shutdown()
     return result
 
 
@@ -273,9 +286,20 @@ def throughput(
             + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in (result.matmul_gflops or {}).items())
             + ")"
         )
+    if result.tp_step_ms is not None:
+        typer.echo(tensor_parallel_line(result))
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+
+
+def tensor_parallel_line(result: ThroughputResult) -> str:
+    return (
+        f"Tensor parallel: {result.tensor_parallel_size} ranks; per step {result.tp_step_ms:.1f} ms round trip, "
+        f"{result.tp_execute_ms:.1f} ms forward on rank 0 of which {result.tp_collective_ms:.1f} ms in collectives; "
+        f"{result.tp_step_payload_bytes:.0f} B step description to each rank, {result.tp_logits_bytes:.0f} B of "
+        "logits back"
+    )
 
 
 def prepare_model(
