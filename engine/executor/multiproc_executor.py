@@ -127,6 +127,7 @@ class MultiprocExecutor:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self._processes: list[Any] = []
         self._conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns, True)
         for rank in range(tp):
             driver_end, worker_end = context.Pipe(duplex=True)
             process = context.Process(
@@ -135,11 +136,16 @@ class MultiprocExecutor:
                 name=f"servelab-tp-rank{rank}",
                 daemon=True,
             )
-            process.start()
-            worker_end.close()
+            try:
+                process.start()
+            except BaseException:
+                driver_end.close()
+                self.shutdown()
+                raise
+            finally:
+                worker_end.close()
             self._processes.append(process)
             self._conns.append(driver_end)
-        self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns, True)
         try:
             infos: list[WorkerInfo] = self._collect("ready", range(tp), ready_timeout_s)
         except BaseException:

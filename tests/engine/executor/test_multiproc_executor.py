@@ -28,6 +28,8 @@ from engine.executor.multiproc_executor import EngineDeadError, MultiprocExecuto
 from engine.model_files import resolve_model
 from engine.tokenizer import get_tokenizer
 
+pytestmark = pytest.mark.slow  # spawned ranks each import torch and load their shard: seconds per engine
+
 REPO = Path(__file__).resolve().parents[3]
 SHARED_PREFIX = (
     "You are a careful assistant. Read the following note about the history of paged memory in operating "
@@ -157,7 +159,6 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.slow  # the default model in three ranks: ~30 s on 2 cores
 def test_three_ranks_of_the_default_model_match_hf_and_a_killed_driver_leaves_no_rank(tmp_path: Path) -> None:
     """One driver process: its greedy output equals HF's (computed here meanwhile), then it is SIGKILLed."""
     tokenizer = get_tokenizer("smollm2-135m")
