@@ -52,6 +52,20 @@ def process_start(pid: int) -> str | None:
         return None
 
 
+def engine_dead_behind_server(host: str, port: int) -> bool:
+    """The server is up but its engine is gone: `bench serve` (and vLLM) answer /health with 503 then."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10).close()
+    except urllib.error.HTTPError as err:
+        return err.code == 503
+    except OSError:  # unreachable: the process check decides
+        return False
+    return False
+
+
 def reap_orphan_engine(trial_dir: Path) -> bool:
     """End the engine a killed tuner left behind in `trial_dir` (checked by pid and start time); True if ended."""
     try:
@@ -160,3 +174,6 @@ class EngineBackend:
             oom = "out of memory" in tail.lower() or "outofmemory" in tail.lower()
             raise Infeasible(f"engine {'ran out of memory' if oom else 'crashed'} (exit code {code}) "
                              f"while measured; log {server.log_path}:\n{tail}")
+        if server.process is not None and engine_dead_behind_server(server.host, server.port):
+            raise Infeasible(f"the engine behind the server died while measured (/health answers 503, e.g. a "
+                             f"tensor-parallel rank died); log {server.log_path}:\n{server.log_tail()}")
