@@ -17,6 +17,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATION_METHODS = ("none",)
+ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,10 @@ class ModelConfig:
     seed: int = knob(0, help="Engine seed.")
     device: str = knob("auto", help=" | ".join(DEVICES))
     quantization: str = knob("none", help="Weight quantization method: " + " | ".join(QUANTIZATION_METHODS))
+    attention_backend: str = knob(
+        "auto",
+        help="Paged attention kernels: " + " | ".join(ATTENTION_BACKENDS) + " (auto: triton on CUDA, else torch).",
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model must be a non-empty alias, HF directory, hub id or .gguf path")
@@ -94,6 +99,10 @@ class ModelConfig:
         _check(
             self.quantization in QUANTIZATION_METHODS,
             f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}",
+        )
+        _check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
         )
 
 

@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from engine.attention import get_attention_backend
+from engine.attention import get_attention_backend, resolve_attention_backend
 from engine.config import ConfigError, EngineConfig
 from engine.distributed import get_tensor_model_parallel_world_size, get_tp_group
 from engine.model_files import load_hf_config, resolve_model
@@ -61,7 +61,7 @@ def _mem_available_bytes() -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str = "torch") -> None:
+    def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
         self.config = config
         mc = config.model_config
         self.device = resolve_device(mc.device)
@@ -89,7 +89,10 @@ class ModelRunner:
         arch, tp_size = self.arch, get_tensor_model_parallel_world_size()
         self.num_kv_heads = arch.get_num_kv_heads(tp_size)  # this rank's: its KV cache holds only these
         num_heads, head_dim = arch.get_num_attention_heads(tp_size), arch.head_dim
-        self.attn_backend = get_attention_backend(attention_backend)(
+        self.attention_backend = resolve_attention_backend(
+            attention_backend or mc.attention_backend, self.device.type
+        )  # the argument overrides the knob
+        self.attn_backend = get_attention_backend(self.attention_backend)(
             num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, self.block_size
         )
         self.kv_caches: list[torch.Tensor] = []

@@ -3,18 +3,39 @@
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
 
+ATTENTION_BACKENDS = ("torch", "triton")
+
 
 def get_attention_backend(name: str = "torch") -> type[AttentionBackend]:
-    backends: dict[str, type[AttentionBackend]] = {"torch": TorchAttentionBackend}
-    if name not in backends:
-        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(backends)}")
-    return backends[name]
+    """The backend class named `name` ("triton" imports triton on first use)."""
+    if name == "torch":
+        return TorchAttentionBackend
+    if name == "triton":
+        from engine.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend
+    raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(ATTENTION_BACKENDS)}")
+
+
+def resolve_attention_backend(name: str, device_type: str) -> str:
+    """`auto` is triton on CUDA when triton imports, torch otherwise; other names pass through."""
+    if name != "auto":
+        return name
+    if device_type != "cuda":
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"
 
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "AttentionBackend",
     "AttentionMetadata",
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
     "get_attention_backend",
+    "resolve_attention_backend",
 ]
