@@ -95,6 +95,10 @@ class ModelRunner:
         self.attn_backend = get_attention_backend(self.attention_backend)(
             num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, self.block_size
         )
+        if self.attention_backend == "triton":  # the fused norm and activation kernels come with it
+            from engine.layers.triton_fused import use_triton_fused_layers
+
+            use_triton_fused_layers(self.model)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
 

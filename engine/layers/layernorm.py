@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
 class RMSNorm(nn.Module):
+    fused_kernel: Callable[..., Any] | None = None  # set by engine.layers.triton_fused.use_triton_fused_layers
+
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
@@ -25,6 +30,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        if self.fused_kernel is not None:
+            return self.fused_kernel(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -1,5 +1,6 @@
 """The Triton attention backend (interpreted on the CPU) against the torch backend: the same attention
-outputs for a mixed step, and the same greedy tokens from the engine on tiny-random."""
+outputs for a mixed step, and the same greedy tokens from the engine on tiny-random (with the fused Triton
+norm and activation kernels that come with the backend)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def test_engine_greedy_tokens_equal_the_torch_backend() -> None:
         )  # fmt: skip
         runner = llm.llm_engine.engine_core.model_executor
         assert runner.attention_backend == name
+        fused = runner.model.layers[0].mlp.act_fn.fused_kernel is not None
+        assert fused == (name == "triton")  # the triton backend brings the fused norm and activation kernels
         engine = llm.llm_engine
         for index, ids in enumerate(prompts[:3]):
             engine.add_request(str(index), ids, params)
