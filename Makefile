@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint bench model clean
+.PHONY: install test test-fast lint bench model clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ BENCH_DIR ?= results/bench-$(shell date +%Y%m%d-%H%M%S)
 bench: model
 	$(VENV)/bin/bench sweep --model smollm2-135m --workload lmsys --concurrency 1,4,16 --num-prompts 24 \
 		--slo ttft=1000,tpot=100 --output-dir $(BENCH_DIR)
+
+# On a CUDA machine: every Triton kernel vs torch, greedy output vs HF, decode vs the HBM roofline (a few minutes).
+gpu-check: model
+	$(VENV)/bin/bench gpu-check --output-json results/gpu-check.json
 
 clean:
 	rm -rf $(VENV) results

@@ -25,3 +25,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.tensor_parallel import throughput_tp
 
     app.command("throughput-tp")(throughput_tp)
+
+    from engine.benchmarks.gpu_check import gpu_check
+
+    app.command("gpu-check")(gpu_check)
