@@ -29,3 +29,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.gpu_check import gpu_check
 
     app.command("gpu-check")(gpu_check)
+
+    from engine.benchmarks.cpu_threads import cpu_threads
+
+    app.command("cpu-threads")(cpu_threads)
