@@ -2,7 +2,9 @@
 
 Device and dtype: `device=auto` is cuda when available, else cpu. `dtype=auto` is the checkpoint's
 torch_dtype on cuda (bfloat16 for converted GGUFs) and float32 on the CPU, where float32 is both the
-reference numerics and the precision the CPU benchmarks use.
+reference numerics and the precision the CPU benchmarks use. `--dtype bfloat16` on the CPU is the faster
+choice on CPUs with native bfloat16 (AVX512-BF16 / AMX; ~1.4x the float32 output tok/s in
+docs/BENCHMARKS.md), not token-identical to float32; on other CPUs it is emulated, and the runner warns.
 
 KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
 * cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
@@ -52,6 +54,13 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype
     return checkpoint_dtype if device.type == "cuda" else torch.float32
 
 
+def _cpu_has_native_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an op missing in this torch build
+        return False
+
+
 def _mem_available_bytes() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -69,6 +78,8 @@ class ModelRunner:
         hf_config = load_hf_config(self.model_path)
         self.arch = ArchConfig.from_hf(hf_config)
         self.dtype = resolve_dtype(mc.dtype, self.device, self.arch.torch_dtype)
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not _cpu_has_native_bf16():
+            logger.warning("dtype bfloat16: this CPU has no native bfloat16 (oneDNN emulates it; float32 is faster)")
         assert mc.max_model_len is not None, "EngineConfig resolves max_model_len against the model"
         self.max_model_len: int = mc.max_model_len
         self.block_size = config.cache_config.block_size
