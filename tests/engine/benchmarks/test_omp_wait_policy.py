@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks import cpu_threads
-from engine.benchmarks.cpu_threads import ThreadsCell
+from engine.benchmarks import omp_wait_policy
+from engine.benchmarks.omp_wait_policy import ThreadsCell
 
 
 def test_the_grid_runs_each_policy_alone_and_beside_a_client() -> None:
@@ -21,7 +21,7 @@ def test_the_grid_runs_each_policy_alone_and_beside_a_client() -> None:
         calls.append((command[-1], policy, beside, timeout_s))
         return ThreadsCell(policy, beside, 10.0, False)
 
-    cells = cpu_threads.run_grid(lambda out: ["x", str(out)], 5.0, lambda _: None, run=fake_run)
+    cells = omp_wait_policy.run_grid(lambda out: ["x", str(out)], 5.0, lambda _: None, run=fake_run)
     assert [(c.omp_wait_policy, c.beside_client) for c in cells] == [
         ("ACTIVE", False), ("ACTIVE", True), ("PASSIVE", False), ("PASSIVE", True)
     ]  # fmt: skip
@@ -32,9 +32,9 @@ def test_a_cell_reads_the_json_and_a_slow_run_counts_as_timed_out(tmp_path: Path
     out = tmp_path / "cell.json"
     write = [sys.executable, "-c", f"import json, os; json.dump({{'output_tokens_per_second': 12.5, "
              f"'policy': os.environ['OMP_WAIT_POLICY']}}, open({str(out)!r}, 'w'))"]  # fmt: skip
-    cell = cpu_threads.run_cell(write, "PASSIVE", True, 60.0, out)
+    cell = omp_wait_policy.run_cell(write, "PASSIVE", True, 60.0, out)
     assert cell == ThreadsCell("PASSIVE", True, 12.5, False)
-    slow = cpu_threads.run_cell([sys.executable, "-c", "import time; time.sleep(30)"], "ACTIVE", False, 0.5, out)
+    slow = omp_wait_policy.run_cell([sys.executable, "-c", "import time; time.sleep(30)"], "ACTIVE", False, 0.5, out)
     assert slow.timed_out and slow.output_tokens_per_second == 0.0
 
 
@@ -44,7 +44,7 @@ def test_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_grid(command_for, timeout_s, progress):  # type: ignore[no-untyped-def]
         return [ThreadsCell(p, b, v, v == 0.0) for (p, b), v in values.items()]
 
-    monkeypatch.setattr(cpu_threads, "run_grid", fake_grid)
+    monkeypatch.setattr(omp_wait_policy, "run_grid", fake_grid)
     result = CliRunner().invoke(app, ["cpu-threads", "--timeout-s", "99"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
