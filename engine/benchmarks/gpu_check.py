@@ -22,6 +22,7 @@ from typing import Any
 
 import typer
 
+WARMUP_DECODE_STEPS = 2
 GREEDY_TEXTS = [
     "The capital of France is",
     "List five prime numbers and explain why each is prime.",
@@ -122,16 +123,19 @@ def decode_step_bytes(runner: Any, batch_size: int, context_len: int) -> tuple[i
 
 
 def measure_decode_step(llm: Any, batch_size: int, prompt_len: int, steps: int) -> float:
-    """Mean seconds of an engine step while `batch_size` requests of `prompt_len` tokens all decode."""
+    """Mean seconds of an engine step while `batch_size` requests of `prompt_len` tokens all decode (after
+    WARMUP_DECODE_STEPS untimed ones)."""
     from engine import SamplingParams
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 2 + WARMUP_DECODE_STEPS, ignore_eos=True)
     for i in range(batch_size):
         engine.add_request(f"gpu-check-{batch_size}-{i}", [(7 * i + j) % 1000 + 100 for j in range(prompt_len)], params)
     started: set[str] = set()
     while len(started) < batch_size:  # prefill until every request has its first token
         started.update(output.request_id for output in engine.step() if output.outputs[0].token_ids)
+    for _ in range(WARMUP_DECODE_STEPS):  # the first decode steps compile the decode kernels
+        engine.step()
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
@@ -144,7 +148,7 @@ def measure_decode_step(llm: Any, batch_size: int, prompt_len: int, steps: int) 
 def decode_roofline(llm: Any, batch_size: int, prompt_len: int, steps: int, bandwidth: float) -> DecodeRoofline:
     runner = llm.llm_engine.engine_core.model_executor
     step_time = measure_decode_step(llm, batch_size, prompt_len, steps)
-    context_len = prompt_len + 1 + steps // 2
+    context_len = prompt_len + 1 + WARMUP_DECODE_STEPS + steps // 2
     weight_bytes, kv_bytes = decode_step_bytes(runner, batch_size, context_len)
     return DecodeRoofline(batch_size, context_len, step_time, weight_bytes, kv_bytes, bandwidth)
 
