@@ -30,6 +30,6 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
 
     app.command("gpu-check")(gpu_check)
 
-    from engine.benchmarks.omp_wait_policy import cpu_threads
+    from engine.benchmarks.omp_wait_policy import omp_wait_policy
 
-    app.command("cpu-threads")(cpu_threads)
+    app.command("omp-wait-policy")(omp_wait_policy)

@@ -5,7 +5,7 @@ that finishes its share of a parallel region spins until the others finish. When
 with anything else (the load generator of `bench sweep`, the HTTP server's tokenisation, other jobs), a
 spinning thread burns the time slice the thread it waits for needs, and the parallel regions of a step
 (hundreds) each wait for a descheduled thread: on 2 oversubscribed cores the engine collapses (`bench
-cpu-threads`, docs/BENCHMARKS.md). Passive threads sleep instead, at the cost of a wake-up per region.
+omp-wait-policy`, docs/BENCHMARKS.md). Passive threads sleep instead, at the cost of a wake-up per region.
 
 The OpenMP runtime reads OMP_WAIT_POLICY once, when torch loads it, so `bench` sets the default before any
 command imports torch; an OMP_WAIT_POLICY already in the environment wins (export OMP_WAIT_POLICY=ACTIVE for

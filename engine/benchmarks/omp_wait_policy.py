@@ -1,4 +1,4 @@
-"""`bench cpu-threads`: engine output tok/s under each OpenMP wait policy, alone and beside a busy client.
+"""`bench omp-wait-policy`: engine output tok/s under each OpenMP wait policy, alone and beside a busy client.
 
 Each cell is one `bench throughput` run of the engine in its own process (OMP_WAIT_POLICY is read when torch
 loads, so it cannot change inside one process). "beside a client" runs a process that keeps one core busy
@@ -72,7 +72,7 @@ def run_grid(
     return cells
 
 
-def cpu_threads(
+def omp_wait_policy(
     model: str = typer.Option("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
     num_prompts: int = typer.Option(8, help="Requests per run."),
     input_len: int = typer.Option(64, help="Prompt tokens per request."),
