@@ -16,7 +16,9 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATION_METHODS = ("none",)
+QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8")
+QUANTIZATION_GROUP_SIZES = (32, 64, 128)
+QUANTIZATION_SKIPPABLE = ("lm_head", "embed_tokens")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
 
 
@@ -83,6 +85,12 @@ class ModelConfig:
     seed: int = knob(0, help="Engine seed.")
     device: str = knob("auto", help=" | ".join(DEVICES))
     quantization: str = knob("none", help="Weight quantization method: " + " | ".join(QUANTIZATION_METHODS))
+    quantization_group_size: int = knob(
+        32, help="int4: input channels per scale/zero group: " + " | ".join(map(str, QUANTIZATION_GROUP_SIZES))
+    )
+    quantization_skip: str | None = knob(
+        None, help="Comma-separated layers left unquantized: " + " | ".join(QUANTIZATION_SKIPPABLE)
+    )
     attention_backend: str = knob(
         "auto",
         help="Paged attention kernels: " + " | ".join(ATTENTION_BACKENDS) + " (auto: triton on CUDA, else torch).",
@@ -104,6 +112,48 @@ class ModelConfig:
             self.attention_backend in ATTENTION_BACKENDS,
             f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
         )
+        _check(
+            self.quantization_group_size in QUANTIZATION_GROUP_SIZES,
+            f"quantization_group_size must be one of {QUANTIZATION_GROUP_SIZES}, got {self.quantization_group_size}",
+        )
+        unknown = sorted(set(self.skipped_layers) - set(QUANTIZATION_SKIPPABLE))
+        _check(
+            not unknown,
+            f"quantization_skip names {unknown}; it takes a comma-separated subset of {QUANTIZATION_SKIPPABLE}",
+        )
+        reason = quantization_unsupported_reason(self.quantization, resolved_device_type(self.device))
+        _check(reason is None, reason or "")
+
+    @property
+    def skipped_layers(self) -> tuple[str, ...]:
+        """The layer names `quantization_skip` lists."""
+        return tuple(name.strip() for name in (self.quantization_skip or "").split(",") if name.strip())
+
+
+def resolved_device_type(device: str) -> str:
+    """'cuda' or 'cpu': what `device` (auto|cpu|cuda) runs on here."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def quantization_unsupported_reason(quantization: str, device_type: str) -> str | None:
+    """Why the engine cannot run `quantization` on `device_type`, or None when it can."""
+    if quantization == "fp8" and device_type != "cuda":
+        return (
+            f"quantization='fp8' needs a CUDA GPU with fp8 support (compute capability >= 8.9); this engine runs "
+            f"on {device_type}: use --quantization int8 or int4"
+        )
+    if quantization == "fp8":
+        return "quantization='fp8' is not implemented for CUDA in this engine yet: use --quantization int8"
+    if quantization == "int4" and device_type != "cpu":
+        return (
+            f"quantization='int4' runs on the CPU only (torch's packed int4 CPU kernel); on {device_type} use "
+            "--quantization int8"
+        )
+    return None
 
 
 @dataclass

@@ -95,8 +95,9 @@ class ModelRunner:
         self._mem_available_before_weights = _mem_available_bytes() if self.device.type == "cpu" else 0
         get_tp_group().barrier()
         self.model, _, _ = load_model(
-            str(self.model_path), self.dtype, self.device, self.max_model_len, quantization=mc.quantization
-        )
+            str(self.model_path), self.dtype, self.device, self.max_model_len, quantization=mc.quantization,
+            group_size=mc.quantization_group_size, skip=mc.skipped_layers,
+        )  # fmt: skip
         arch, tp_size = self.arch, get_tensor_model_parallel_world_size()
         self.num_kv_heads = arch.get_num_kv_heads(tp_size)  # this rank's: its KV cache holds only these
         num_heads, head_dim = arch.get_num_attention_heads(tp_size), arch.head_dim

@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.distributed import tensor_model_parallel_all_reduce
 from engine.layers.linear import copy_checked, resolve_tp
-from engine.layers.quantization import LinearMethodBase, UnquantizedLinearMethod
+from engine.layers.quantization import Int8EmbeddingMethod, LinearMethodBase, UnquantizedLinearMethod
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -33,6 +33,8 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)
         self.vocab_start_index = min(self.tp_rank * self.num_embeddings_per_partition, num_embeddings)
         self.vocab_end_index = min(self.vocab_start_index + self.num_embeddings_per_partition, num_embeddings)
+        # Set by the model loader when the table is quantized (engine.layers.quantization.Int8EmbeddingMethod).
+        self.embedding_method: Int8EmbeddingMethod | None = None
         self.create_weights(dtype)
 
     def create_weights(self, dtype: torch.dtype) -> None:
@@ -49,13 +51,19 @@ class VocabParallelEmbedding(nn.Module):
         copy_checked(param.data[:rows], loaded[self.vocab_start_index : self.vocab_end_index])
         param.data[rows:].zero_()
 
+    def lookup(self, local_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows for `local_ids`, in the model's dtype."""
+        if self.embedding_method is not None:
+            return self.embedding_method.embedding(self, local_ids)
+        return F.embedding(local_ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.lookup(input_ids)
         in_shard = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
         local_ids = (input_ids - self.vocab_start_index) * in_shard
-        embedded = F.embedding(local_ids, self.weight) * in_shard.unsqueeze(-1).to(self.weight.dtype)
-        return tensor_model_parallel_all_reduce(embedded)
+        embedded = self.lookup(local_ids)
+        return tensor_model_parallel_all_reduce(embedded * in_shard.unsqueeze(-1).to(embedded.dtype))
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -15,10 +15,11 @@ from engine.config import EngineConfig, engine_knobs
 
 COMMANDS = ("serve", "throughput", "sweep")
 
-# A value other than the default for every knob (quantization has only its default so far).
+# A value other than the default for every knob.
 KNOB_VALUES: dict[str, Any] = {
     "model": "tiny-random", "tokenizer": "tiny-random", "dtype": "float32", "max_model_len": 64, "seed": 4,
-    "device": "cpu", "quantization": "none", "enable_prefix_caching": False, "block_size": 32,
+    "device": "cpu", "quantization": "int8", "quantization_group_size": 64, "quantization_skip": "lm_head",
+    "enable_prefix_caching": False, "block_size": 32,
     "gpu_memory_utilization": 0.5, "num_gpu_blocks_override": 20, "max_num_seqs": 3, "max_num_batched_tokens": 96,
     "enable_chunked_prefill": False, "inject_step_delay_ms": 1.5, "tensor_parallel_size": 2, "cpu_threads": 1,
     "attention_backend": "torch",

@@ -52,7 +52,10 @@ def test_defaults_follow_the_issue() -> None:
         ({"device": "tpu"}, "device"),
         ({"model": ""}, "model"),
         ({"max_model_len": 0}, "max_model_len"),
-        ({"quantization": "fp8"}, "quantization"),
+        ({"quantization": "fp8", "device": "cpu"}, "quantization='fp8' needs a CUDA GPU"),
+        ({"quantization": "int4", "device": "cuda"}, "quantization='int4' runs on the CPU only"),
+        ({"quantization_group_size": 48}, "quantization_group_size"),
+        ({"quantization_skip": "lm_head,mlp"}, "quantization_skip"),
         ({"block_size": 0}, "block_size"),
         ({"block_size": 24}, "block_size"),
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
@@ -88,8 +91,8 @@ def test_valid_tensor_parallel_sizes_follow_vllm() -> None:
 
 
 def test_quantization_error_lists_the_valid_methods() -> None:
-    with pytest.raises(ConfigError, match=r"quantization must be one of \('none',\), got 'int8'"):
-        ModelConfig(quantization="int8")
+    with pytest.raises(ConfigError, match=r"quantization must be one of \('none', 'int8', 'int4', 'fp8'\), got 'int3'"):
+        ModelConfig(quantization="int3")
 
 
 def test_max_model_len_is_resolved_against_the_model_when_the_config_is_built(tmp_path: Path) -> None:
