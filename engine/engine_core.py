@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.executor import Executor
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineCoreOutput, Logprob, SchedulerStats
+from engine.prompt_logprobs import attach_prompt_logprobs, take_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, SamplingMetadata
 from engine.scheduler import Scheduler
@@ -60,7 +61,7 @@ class EngineCore:
                 raise RuntimeError("the scheduler can admit no waiting request into an idle engine (a bug)")
             return []
         sampling = scheduler_output.sampling_requests()
-        logits = self.model_executor.execute_model(scheduler_output)
+        logits = take_prompt_logprobs(scheduler_output, self.model_executor.execute_model(scheduler_output))
         if self._step_delay_s:
             time.sleep(self._step_delay_s)
         sampled_token_ids: list[list[int]] = []
@@ -84,7 +85,9 @@ class EngineCore:
                 row_logprobs = sampler_output.logprobs[start : start + len(accepted)]
                 logprobs.append(None if row_logprobs[0] is None else row_logprobs)  # type: ignore[arg-type]
                 start = end
-        return self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
+        outputs = self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
+        attach_prompt_logprobs(scheduler_output, outputs)
+        return outputs
 
     def check_health(self) -> None:
         """Raise if the executor can no longer run steps (a tensor-parallel rank died); an executor without

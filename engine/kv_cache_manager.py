@@ -47,8 +47,10 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a new request, in whole blocks, never covering its last token
-        (that token's logits must be computed). Returns the blocks and the number of tokens they hold."""
-        if not self.enable_caching:
+        (that token's logits must be computed). Returns the blocks and the number of tokens they hold.
+
+        A request asking for prompt logprobs gets no hits: every prompt position's logits must be computed."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         token_ids = request.all_token_ids
         hashes = self._block_hashes(request, token_ids)

@@ -46,7 +46,8 @@ def _token_slice(request: Request, start: int, count: int) -> list[int]:
 
 def prepare_model_input(scheduler_output: SchedulerOutput, block_size: int) -> ModelInput:
     """Every scheduled request's known tokens from `num_computed_tokens` on, then its drafts, at consecutive
-    positions; `num_logits_rows` sample rows per request (the last known token's, then one per draft)."""
+    positions; per request its `num_prompt_logprobs_rows` rows (prompt logprobs), then `num_logits_rows` sample rows
+    (the last known token's, then one per draft)."""
     input_ids: list[int] = []
     query_lens: list[int] = []
     context_lens: list[int] = []
@@ -61,6 +62,8 @@ def prepare_model_input(scheduler_output: SchedulerOutput, block_size: int) -> M
         context_lens.append(computed)
         block_tables.append(scheduled.block_ids)
         flat_block_ids += scheduled.block_ids
+        prompt_rows = scheduled.num_prompt_logprobs_rows  # prompt logprobs: rows from the first known token
+        sample_rows += range(len(input_ids) - num_new, len(input_ids) - num_new + prompt_rows)
         sample_rows += range(len(input_ids) - scheduled.num_logits_rows, len(input_ids))
     num_tokens = len(input_ids)
     q_lens = np.array(query_lens, dtype=np.int64)

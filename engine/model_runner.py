@@ -214,8 +214,8 @@ class ModelRunner:
         """In-process: the model runs in this very process, so there is nothing that can have died."""
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """One forward pass over every scheduled token; float32 logits, `num_logits_rows` per scheduled request
-        in batch order (the last known token's, then one per draft)."""
+        """One forward pass over every scheduled token; float32 logits per scheduled request in batch order: its
+        `num_prompt_logprobs_rows`, then its `num_logits_rows` (the last known token's, then one per draft)."""
         return self.execute_model_input(prepare_model_input(scheduler_output, self.block_size))
 
     @torch.inference_mode()

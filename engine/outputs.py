@@ -26,6 +26,8 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     timing: RequestTiming | None = None  # set when the request finishes
     num_prompt_tokens: int = 0
+    # With prompt_logprobs: on the request's first output, per prompt token (None first) token id -> Logprob.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -46,6 +48,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     timing: RequestTiming | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # with SamplingParams.prompt_logprobs
 
 
 @dataclass

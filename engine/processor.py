@@ -227,6 +227,7 @@ class ParentRequest:
             child.request_id: CompletionState(tokenizer, child, index) for index, child in enumerate(self.children)
         }
         self.num_unfinished = len(self.children)
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # from the first child's first output
 
     @property
     def request_id(self) -> str:
@@ -239,6 +240,8 @@ class ParentRequest:
     def update(self, output: EngineCoreOutput) -> CompletionDelta:
         """Route one child's engine output to its completion."""
         delta = self.completions[output.request_id].update(output)
+        if output.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = output.prompt_logprobs
         if delta.finished:
             self.num_unfinished -= 1
         return delta
@@ -253,4 +256,5 @@ class ParentRequest:
             outputs=[state.completion_output() for state in self.completions.values()],
             finished=finished,
             timing=merge_timings([child.timing for child in self.children]) if finished else None,
+            prompt_logprobs=self.prompt_logprobs,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -62,6 +63,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     timing: RequestTiming = field(default_factory=RequestTiming)
+    # With sampling_params.prompt_logprobs: one entry per prompt position, filled as prefill chunks run
+    # (engine/prompt_logprobs.py).
+    prompt_logprobs: list[Any] = field(default_factory=list)
 
     @property
     def all_token_ids(self) -> list[int]:

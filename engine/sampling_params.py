@@ -28,6 +28,7 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
     logprobs: int | None = None  # number of top logprobs besides the sampled token
+    prompt_logprobs: int | None = None  # number of top logprobs besides each prompt token (engine/prompt_logprobs.py)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -55,6 +56,10 @@ class SamplingParams:
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
             ),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}",
+            ),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
         )
         for ok, message in checks:

@@ -27,6 +27,17 @@ class ScheduledRequest:
     def num_logits_rows(self) -> int:
         return 1 + len(self.spec_token_ids) if self.sample else 0
 
+    @property
+    def num_prompt_logprobs_rows(self) -> int:
+        """Rows before the sampling rows for prompt logprobs: one per prompt position computed this step, except
+        the prompt's last (its row is the sampling row). 0 unless the request asks for prompt_logprobs."""
+        request = self.request
+        if request.sampling_params.prompt_logprobs is None:
+            return 0
+        first = request.num_computed_tokens
+        last = min(first + self.num_scheduled_tokens - len(self.spec_token_ids), request.num_prompt_tokens - 1)
+        return max(last - first, 0)
+
 
 @dataclass
 class SchedulerOutput:

@@ -26,5 +26,5 @@ class Executor(Protocol):
     def initialize_kv_cache(self, num_blocks: int) -> None: ...
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """float32 logits, `num_logits_rows` rows per scheduled request in batch order."""
+        """float32 logits per scheduled request in batch order: `num_prompt_logprobs_rows` then `num_logits_rows`."""
         ...
