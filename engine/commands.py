@@ -33,3 +33,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.omp_wait_policy import omp_wait_policy
 
     app.command("omp-wait-policy")(omp_wait_policy)
+
+    from engine.benchmarks.quality import quality
+
+    app.command("quality")(quality)
