@@ -86,7 +86,9 @@ class ModelConfig:
     device: str = knob("auto", help=" | ".join(DEVICES))
     quantization: str = knob("none", help="Weight quantization method: " + " | ".join(QUANTIZATION_METHODS))
     quantization_group_size: int = knob(
-        32, help="int4: input channels per scale/zero group: " + " | ".join(map(str, QUANTIZATION_GROUP_SIZES))
+        32,
+        help="Input channels per scale group (int4 layers, the int8 LM head): "
+        + " | ".join(map(str, QUANTIZATION_GROUP_SIZES)),
     )
     quantization_skip: str | None = knob(
         None, help="Comma-separated layers left unquantized: " + " | ".join(QUANTIZATION_SKIPPABLE)

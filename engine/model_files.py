@@ -221,7 +221,26 @@ def _gguf_value(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def _reverse_rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+def gguf_source(name: str) -> Path | None:
+    """The GGUF file model `name` is converted from (the smollm2-135m alias or a .gguf path), else None."""
+    if name == "smollm2-135m":
+        return smollm2_gguf_path()
+    path = Path(name).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+def gguf_hf_name(tensor_name: str) -> str:
+    """The HF name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`)."""
+    stem, _, suffix = tensor_name.rpartition(".")
+    parts = stem.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{suffix}"
+    if stem in _GGUF_TOP_NAMES:
+        return f"{_GGUF_TOP_NAMES[stem]}.{suffix}"
+    raise ValueError(f"unexpected GGUF tensor {tensor_name}")
+
+
+def reverse_rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo llama.cpp's convert-time row permutation of Q/K (interleaved -> HF rotate-half order)."""
     rows = weight.shape[0]
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
@@ -269,18 +288,13 @@ def gguf_to_hf(gguf_path: Path) -> tuple[dict[str, Any], Iterator[tuple[str, tor
         for t in reader.tensors:
             stem, _, suffix = t.name.rpartition(".")
             parts = stem.split(".")
-            if parts[0] == "blk":
-                hf_name = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{suffix}"
-            elif stem in _GGUF_TOP_NAMES:
-                hf_name = f"{_GGUF_TOP_NAMES[stem]}.{suffix}"
-            else:
-                raise ValueError(f"unexpected GGUF tensor {t.name}")
+            hf_name = gguf_hf_name(t.name)
             array = gguf.quants.dequantize(t.data, t.tensor_type)
             weight = torch.from_numpy(np.array(array, dtype=np.float32)).reshape(
                 tuple(int(x) for x in reversed(t.shape))
             )
             if arch_name != "qwen2" and suffix == "weight" and parts[-1] in ("attn_q", "attn_k"):
-                weight = _reverse_rope_permute(weight, num_heads if parts[-1] == "attn_q" else num_kv_heads)
+                weight = reverse_rope_permute(weight, num_heads if parts[-1] == "attn_q" else num_kv_heads)
             yield hf_name, weight
 
     return hf_config, tensors()

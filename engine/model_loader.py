@@ -3,7 +3,8 @@
 Finding and converting checkpoints (aliases, GGUF, hub ids) is `engine.model_files`. The model is built for
 this process's tensor-parallel rank (`engine.distributed`), and its linear layers, the LM head included,
 get their method from the `quantization` knob (`engine.layers.quantization`). A quantized model also stores
-its embedding table as int8 rows; `skip` leaves `lm_head` and/or `embed_tokens` in the model's dtype.
+its embedding table as int8 rows, and under int8 on the CPU its LM head is group-wise int8 (see
+`Int8GroupedLinearMethod` for why); `skip` leaves `lm_head` and/or `embed_tokens` in the model's dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from engine.layers.quantization import (
     Int8EmbeddingMethod,
+    Int8GroupedLinearMethod,
     LinearMethodBase,
     UnquantizedLinearMethod,
     get_linear_method,
@@ -36,12 +38,14 @@ def load_model(
     quantization: str = "none",
     group_size: int = 32,
     skip: Iterable[str] = (),
+    gguf: Path | None = None,
 ) -> tuple[LlamaForCausalLM, ArchConfig, Path]:
     """Build the native model for `name` on `device` in `dtype`, load its weights and prepare them.
 
     `max_position` bounds the rotary tables (default: the model's max_position_embeddings). `quantization`,
-    `group_size` (int4) and `skip` (layer names left unquantized) are the quantization knobs. Returns the model
-    in eval mode, its architecture and the resolved checkpoint directory.
+    `group_size` (int4) and `skip` (layer names left unquantized) are the quantization knobs; with int4 and
+    `gguf` (the GGUF file `name` was converted from), Q4_0/Q4_1 tensors are repacked from their blocks. Returns
+    the model in eval mode, its architecture and the resolved checkpoint directory.
     """
     path = resolve_model(name)
     arch = ArchConfig.from_hf(load_hf_config(path))
@@ -51,12 +55,20 @@ def load_model(
     skipped = set(skip)
     if quantization != "none":
         unquantized = UnquantizedLinearMethod.for_device(device, dtype)
-        if "lm_head" in skipped:  # quantized methods load the same dense weight, so the swap is safe before loading
+        # Every method loads the same dense weight, so swapping the LM head's before loading is safe.
+        if "lm_head" in skipped:
             model.lm_head.quant_method = unquantized
+        elif quantization == "int8" and device.type == "cpu":
+            model.lm_head.quant_method = Int8GroupedLinearMethod(group_size)
         if "embed_tokens" not in skipped:
             model.embed_tokens.embedding_method = Int8EmbeddingMethod()
     model.load_weights(iter_safetensors(path))
     before = tensor_bytes(_weights(model))
+    if quantization == "int4" and gguf is not None:
+        from engine.layers.quantization.gguf_repack import repack_gguf_int4
+
+        repacked = repack_gguf_int4(model, gguf)
+        logger.info("int4: %d linear layers repacked from the GGUF's Q4 blocks of %s", len(repacked), gguf.name)
     process_weights_after_loading(model)
     if quantization != "none":
         logger.info(

@@ -29,7 +29,7 @@ import torch
 from engine.attention import get_attention_backend, resolve_attention_backend
 from engine.config import ConfigError, EngineConfig
 from engine.distributed import get_tensor_model_parallel_world_size, get_tp_group
-from engine.model_files import load_hf_config, resolve_model
+from engine.model_files import gguf_source, load_hf_config, resolve_model
 from engine.model_input import ModelInput, prepare_model_input
 from engine.model_loader import load_model
 from engine.models import ArchConfig
@@ -96,7 +96,7 @@ class ModelRunner:
         get_tp_group().barrier()
         self.model, _, _ = load_model(
             str(self.model_path), self.dtype, self.device, self.max_model_len, quantization=mc.quantization,
-            group_size=mc.quantization_group_size, skip=mc.skipped_layers,
+            group_size=mc.quantization_group_size, skip=mc.skipped_layers, gguf=gguf_source(mc.model),
         )  # fmt: skip
         arch, tp_size = self.arch, get_tensor_model_parallel_world_size()
         self.num_kv_heads = arch.get_num_kv_heads(tp_size)  # this rank's: its KV cache holds only these

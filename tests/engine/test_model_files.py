@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 from engine.model_files import (
     TINY_RANDOM_CONFIG,
     ModelNotFoundError,
-    _reverse_rope_permute,
     gguf_to_hf,
     materialize_random_model,
     materialize_tiny_random,
     random_state_dict,
     resolve_model,
+    reverse_rope_permute,
     smollm2_gguf_path,
 )
 
@@ -29,11 +29,11 @@ def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("num_heads", [1, 3, 9])
-def test_reverse_rope_permute_undoes_llama_cpp(num_heads: int) -> None:
+def testreverse_rope_permute_undoes_llama_cpp(num_heads: int) -> None:
     weight = torch.randn(num_heads * 8, 5)
     permuted = llama_cpp_permute(weight, num_heads)
     assert not torch.equal(permuted, weight)
-    assert torch.equal(_reverse_rope_permute(permuted, num_heads), weight)
+    assert torch.equal(reverse_rope_permute(permuted, num_heads), weight)
 
 
 def test_tiny_random_is_an_hf_directory_with_smollm2_tokenizer() -> None:

@@ -14,7 +14,12 @@ import torch
 from engine.config import ConfigError, quantization_unsupported_reason
 from engine.layers.quantization.base import LinearMethodBase
 from engine.layers.quantization.unquantized import UnquantizedLinearMethod
-from engine.layers.quantization.weight_only import Int4LinearMethod, Int8EmbeddingMethod, Int8LinearMethod
+from engine.layers.quantization.weight_only import (
+    Int4LinearMethod,
+    Int8EmbeddingMethod,
+    Int8GroupedLinearMethod,
+    Int8LinearMethod,
+)
 
 
 def _unquantized(device: torch.device, dtype: torch.dtype, group_size: int) -> LinearMethodBase:
@@ -47,6 +52,7 @@ __all__ = [
     "QUANTIZATION_METHODS",
     "Int4LinearMethod",
     "Int8EmbeddingMethod",
+    "Int8GroupedLinearMethod",
     "Int8LinearMethod",
     "LinearMethodBase",
     "UnquantizedLinearMethod",

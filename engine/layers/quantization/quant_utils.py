@@ -43,6 +43,40 @@ def quantize_int4_groupwise(weight: torch.Tensor, group_size: int) -> tuple[torc
     return q.to(torch.int32).view(rows, cols), scale, zero
 
 
+def quantize_int8_groupwise(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [N, K], scale float32 [N, K/g]): symmetric int8 with one scale per group of `group_size` inputs."""
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise ValueError(f"group size {group_size} does not divide the input size {cols}")
+    w = weight.detach().float().view(rows, cols // group_size, group_size)
+    scale = w.abs().amax(dim=-1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.view(rows, cols), scale
+
+
+def dequantize_int8_groupwise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    rows, cols = q.shape
+    return (q.float().view(rows, scale.shape[1], -1) * scale.float()[..., None]).view(rows, cols)
+
+
+def split_int8_into_int4_pair(
+    q: torch.Tensor, scale: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Group-wise int8 (q, scale) as two int4 weights whose sum is exactly q * scale.
+
+    q = 16 * hi + lo with hi in [-8, 7] and lo in [0, 15]: the high part is int4 q = hi + 8 with scale 16 * scale
+    and zero 0, the low part q = lo with scale `scale` and zero 8 * scale (w = (q - 8) * scale + zero).
+    """
+    q16 = q.to(torch.int32)
+    hi = torch.div(q16, 16, rounding_mode="floor")
+    lo = q16 - 16 * hi
+    scale_bf16 = scale.to(torch.bfloat16)
+    high = (hi + 8, (scale_bf16.float() * 16).to(torch.bfloat16), torch.zeros_like(scale_bf16))
+    low = (lo, scale_bf16, (scale_bf16.float() * 8).to(torch.bfloat16))
+    return high, low
+
+
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     rows, cols = q.shape
     groups = scale.shape[1]

@@ -8,12 +8,21 @@ import torch.nn.functional as F
 
 from engine.config import ConfigError
 from engine.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
-from engine.layers.quantization import Int4LinearMethod, Int8EmbeddingMethod, Int8LinearMethod, get_linear_method
+from engine.layers.quantization import (
+    Int4LinearMethod,
+    Int8EmbeddingMethod,
+    Int8GroupedLinearMethod,
+    Int8LinearMethod,
+    get_linear_method,
+)
 from engine.layers.quantization.quant_utils import (
     dequantize_int4,
     dequantize_int8,
+    dequantize_int8_groupwise,
     quantize_int4_groupwise,
+    quantize_int8_groupwise,
     quantize_int8_per_channel,
+    split_int8_into_int4_pair,
 )
 from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -91,7 +100,8 @@ def test_a_fused_projection_quantizes_after_both_shards_load() -> None:
     layer.weight_loader(layer.weight, up, 1)
     layer.quant_method.process_weights_after_loading(layer)
     x = X[:, :64]
-    torch.testing.assert_close(layer(x), F.linear(x, dequantize_int8(*quantize_int8_per_channel(torch.cat([gate, up])))))
+    expected = F.linear(x, dequantize_int8(*quantize_int8_per_channel(torch.cat([gate, up]))))
+    torch.testing.assert_close(layer(x), expected)
 
 
 def test_tied_lm_head_and_int8_embedding_each_get_their_own_quantized_copy() -> None:
@@ -135,3 +145,13 @@ def test_methods_refuse_devices_they_cannot_run_on(quantization: str, device: st
 def test_int8_off_the_cpu_uses_torch_ops() -> None:
     assert not Int8LinearMethod.for_device(torch.device("cuda"), torch.bfloat16, 32).use_cpu_kernel
     assert Int8LinearMethod.for_device(CPU, torch.float32, 32).use_cpu_kernel
+
+
+def test_grouped_int8_is_two_int4_halves_summing_exactly_to_the_int8_weight() -> None:
+    q, scale = quantize_int8_groupwise(WEIGHT, 32)
+    high, low = split_int8_into_int4_pair(q, scale)
+    assert all(0 <= int(part[0].min()) and int(part[0].max()) <= 15 for part in (high, low))
+    exact = dequantize_int8_groupwise(q, scale.to(torch.bfloat16))
+    assert torch.equal(dequantize_int4(*high) + dequantize_int4(*low), exact)
+    layer = loaded_layer(Int8GroupedLinearMethod(32))
+    torch.testing.assert_close(layer(X), bf16_reference(X, exact, BIAS), atol=0.05, rtol=0.01)
