@@ -37,3 +37,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.quality import quality
 
     app.command("quality")(quality)
+
+    from engine.benchmarks.decode_speed import decode_speed
+
+    app.command("decode-speed")(decode_speed)

@@ -3,11 +3,13 @@
 The text (engine/benchmarks/data/, provenance in its README.md) is tokenized once and cut into windows of
 `window` tokens; each window is one prompt scored teacher-forced through the engine's `prompt_logprobs`
 (max_tokens=1). Two engines run the same windows: the configuration under test and its unquantized reference
-(the same knobs with quantization=none and kv_cache_dtype=auto). Reported:
+(the same knobs with quantization=none). Reported:
 
 * perplexity = exp(-mean logprob of every window token after the window's first), for both engines, and
   perplexity_increase = perplexity / reference_perplexity - 1;
 * top1_agreement = the fraction of those positions where both engines' most likely next token is the same.
+
+The engine has no kv_cache_dtype knob yet, so the reference differs from the run in `quantization` only.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ class TeacherForcedScores:
 class QualityResult:
     model: str
     quantization: str
-    kv_cache_dtype: str
     dtype: str
     text: str
     text_sha256: str
@@ -100,10 +101,10 @@ def measure_quality(
     run_knobs = {"max_num_batched_tokens": max_num_batched_tokens, **knobs, "model": model}
     run_knobs.setdefault("max_model_len", max(window, 2) + 1)
     run_knobs.setdefault("max_num_seqs", len(windows))
-    reference_knobs = {**run_knobs, "quantization": "none", "kv_cache_dtype": "auto"}
+    reference_knobs = {**run_knobs, "quantization": "none"}
     scores = {}
     for name, engine_knobs in (("reference", reference_knobs), ("run", run_knobs)):
-        llm = LLM(**{k: v for k, v in engine_knobs.items() if _is_knob(k, v)})
+        llm = LLM(**{k: v for k, v in engine_knobs.items() if v is not None})
         scores[name] = score_windows(llm, windows)
         del llm
         gc.collect()
@@ -112,7 +113,6 @@ def measure_quality(
     return QualityResult(
         model=model,
         quantization=run_knobs.get("quantization", "none"),
-        kv_cache_dtype=run_knobs.get("kv_cache_dtype", "auto"),
         dtype=run_knobs.get("dtype", "auto"),
         text=TEXT_SOURCE,
         text_sha256=hashlib.sha256(TEXT_PATH.read_bytes()).hexdigest(),
@@ -126,13 +126,6 @@ def measure_quality(
     )
 
 
-def _is_knob(name: str, value: Any) -> bool:
-    """Knobs this engine declares (kv_cache_dtype=auto is dropped where the engine has no such knob)."""
-    from engine.config import engine_knobs
-
-    return name == "model" or (name in engine_knobs() and value is not None)
-
-
 @with_engine_knobs
 def quality(
     engine_knobs: dict[str, Any],
@@ -144,15 +137,15 @@ def quality(
     """Perplexity on a shipped public-domain text and top-1 agreement with the unquantized model.
 
     Both are teacher-forced through prompt_logprobs; the reference is the same configuration with
-    --quantization none (and --kv-cache-dtype auto).
+    --quantization none.
     """
     from engine.benchmarks.throughput import _clean_errors, _engine_logs
 
     with _clean_errors(), _engine_logs():
         result = measure_quality({**engine_knobs, "model": model}, window=window, num_tokens=num_tokens)
     typer.echo(
-        f"Quality ({result.model}, quantization={result.quantization}, kv_cache_dtype={result.kv_cache_dtype}, "
-        f"dtype={result.dtype}; {result.num_scored_tokens} tokens of {TEXT_PATH.name}):\n"
+        f"Quality ({result.model}, quantization={result.quantization}, dtype={result.dtype}; "
+        f"{result.num_scored_tokens} tokens of {TEXT_PATH.name}):\n"
         f"  perplexity {result.perplexity:.4f} vs unquantized {result.reference_perplexity:.4f} "
         f"({100 * result.perplexity_increase:+.2f} %)\n"
         f"  top-1 agreement with unquantized: {100 * result.top1_agreement:.2f} %"

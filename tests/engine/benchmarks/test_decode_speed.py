@@ -1,0 +1,35 @@
+"""`bench decode-speed`: settings parsing and one tiny run's JSON (speeds are measured, never asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cli import app
+from engine.benchmarks.decode_speed import parse_settings
+
+
+def test_settings_parse_and_bad_ones_name_the_format() -> None:
+    assert parse_settings("float32/none, bfloat16/int8") == [("float32", "none"), ("bfloat16", "int8")]
+    with pytest.raises(typer.BadParameter, match="DTYPE/QUANTIZATION"):
+        parse_settings("float32")
+
+
+def test_a_run_writes_one_row_per_setting_with_ratios_to_the_first(tmp_path: Path) -> None:
+    out = tmp_path / "decode.json"
+    args = ["decode-speed", "--model", "tiny-random", "--settings", "float32/none,float32/int4"]
+    result = CliRunner().invoke(app, [*args, "--output-len", "3", "--repeats", "1", "--output-json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [(r["dtype"], r["quantization"]) for r in rows] == [("float32", "none"), ("float32", "int4")]
+    assert rows[0]["ratio"] == 1.0
+    assert rows[1]["ratio"] == pytest.approx(rows[1]["output_tokens_per_second"] / rows[0]["output_tokens_per_second"])
+
+
+def test_an_impossible_setting_is_a_clear_error() -> None:
+    result = CliRunner().invoke(app, ["decode-speed", "--model", "tiny-random", "--settings", "float32/fp8"])
+    assert result.exit_code == 1 and "quantization='fp8' needs a CUDA GPU" in result.output
