@@ -161,6 +161,8 @@ class CompletionDelta:
     stop_reason: int | str | None
     # A stop string ended the completion here while the engine still runs it: the caller aborts it there.
     stopped_by_string: bool = False
+    # With prompt_logprobs: on the completion's first delta, per prompt token (None first) token id -> Logprob.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -198,7 +200,7 @@ class CompletionState:
             self.finish_reason, self.stop_reason = "stop", stop_string
         text = self.detokenizer.get_next_output_text(self.finished, delta=True)
         return CompletionDelta(self.index, text, new_token_ids, new_logprobs, self.finish_reason, self.stop_reason,
-                               stopped_by_string)  # fmt: skip
+                               stopped_by_string, output.prompt_logprobs)  # fmt: skip
 
     @property
     def finished(self) -> bool:

@@ -7,7 +7,7 @@ ignored, as vLLM does, so load generators that send extra knobs (`best_of: 1`, .
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sampling_params import SamplingParams, SamplingParamsError
@@ -149,6 +149,8 @@ class GenerationRequest:
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int] = ""
     logprobs: int | None = None
+    echo: bool = False  # the prompt precedes each choice's text (and, with logprobs, its prompt_logprobs)
+    prompt_token_ids: list[int] = field(default_factory=list)  # set when the engine request is built
 
 
 @dataclass
@@ -242,22 +244,27 @@ def parse_completion_request(body: Any) -> CompletionRequest:
             raise _type_error("prompt", "a string or a list of token ids", body["prompt"])
     else:
         raise _type_error("prompt", "a string or a list of token ids", prompt)
-    if get_bool(body, "echo", False):
-        raise bad_request("'echo' is not supported by this server", "echo")
+    echo = get_bool(body, "echo", False)
     reject_unsupported(body, "suffix", ("",), "insertion is not implemented")
     logprobs = get_int(body, "logprobs", None)
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise bad_request(f"'logprobs' must be in [0, 20], got {logprobs}", "logprobs")
     max_tokens = get_int(body, "max_tokens", 16)  # OpenAI's completions default
     stream, stream_options = _parse_stream(body)
+    if echo and stream:
+        raise bad_request("'echo' is supported without 'stream' only", "echo")
+    sampling_params = _sampling_params(body, max_tokens, logprobs)
+    if echo and logprobs is not None:  # vLLM: echoed prompt tokens get their logprobs too
+        sampling_params.prompt_logprobs = logprobs
     return CompletionRequest(
         model=_model(body),
-        sampling_params=_sampling_params(body, max_tokens, logprobs),
+        sampling_params=sampling_params,
         stream=stream,
         stream_options=stream_options,
         max_tokens_param="max_tokens",
         prompt=prompt,
         logprobs=logprobs,
+        echo=echo,
     )
 
 

@@ -49,7 +49,7 @@ def chat(**fields: object) -> dict[str, object]:
         (completion(n=129), "n"),
         (chat(n=-1), "n"),
         (completion(best_of=3), "best_of"),
-        (completion(echo=True), "echo"),
+        (completion(echo=True, stream=True), "echo"),
         (completion(suffix="tail"), "suffix"),
         (completion(logit_bias={"1": 5}), "logit_bias"),
         (completion(stream="true"), "stream"),
@@ -149,3 +149,10 @@ def test_chat_fields() -> None:
 def test_chat_without_max_tokens_runs_to_the_context_limit() -> None:
     request = parse_chat_request(chat())
     assert request.sampling_params.max_tokens is None and request.max_tokens_param == "max_tokens"
+
+
+def test_echo_with_logprobs_asks_for_prompt_logprobs() -> None:
+    req = parse_completion_request({"prompt": "hi", "echo": True, "logprobs": 2})
+    assert req.echo and req.sampling_params.prompt_logprobs == 2 and req.sampling_params.logprobs == 2
+    plain = parse_completion_request({"prompt": "hi", "echo": True})
+    assert plain.echo and plain.sampling_params.prompt_logprobs is None
