@@ -42,9 +42,12 @@ def unpack_q4_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     )
 
 
-def read_q4_tensors(gguf_path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Every Q4_0/Q4_1 weight of a GGUF file by HF name: (q, scale, zero) in the int4 method's convention, rows
-    in HF order (llama.cpp's rotary permutation of Q/K undone as `engine.model_files` does for dense weights)."""
+def read_q4_tensors(
+    gguf_path: Path, only: set[str] | None = None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Every Q4_0/Q4_1 weight of a GGUF file (or those named in `only`) by HF name: (q, scale, zero) in the int4
+    method's convention, rows in HF order (llama.cpp's rotary permutation of Q/K undone as `engine.model_files`
+    does for dense weights)."""
     import gguf
 
     from engine.model_files import gguf_hf_name, reverse_rope_permute
@@ -57,7 +60,7 @@ def read_q4_tensors(gguf_path: Path) -> dict[str, tuple[torch.Tensor, torch.Tens
     out = {}
     for tensor in reader.tensors:
         type_name = tensor.tensor_type.name
-        if type_name not in ("Q4_0", "Q4_1"):
+        if type_name not in ("Q4_0", "Q4_1") or (only is not None and gguf_hf_name(tensor.name) not in only):
             continue
         cols, rows = (int(x) for x in tensor.shape)
         q, d, m = unpack_q4_blocks(tensor.data, type_name, (rows, cols))
