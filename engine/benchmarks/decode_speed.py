@@ -3,7 +3,8 @@
 Each setting gets its own engine (loaded in turn, in this process) and generates `output_len` tokens (EOS
 ignored) after the same `input_len`-token prompt, `repeats` times after one warm-up. Decode speed is
 (output tokens - 1) / (finished - first token) on the engine clock, so prefill is left out; the table shows the
-median over the repeats and the ratio to the first setting.
+median over the repeats and the ratio to the first setting. `--threads 1` keeps the comparison steadier on a
+machine other jobs share (two OpenMP threads stall whenever either is descheduled).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def decode_speed(
     input_len: int = typer.Option(32, help="Prompt tokens."),
     output_len: int = typer.Option(64, help="Output tokens per run (EOS ignored)."),
     repeats: int = typer.Option(3, help="Timed runs per setting, after one warm-up."),
+    threads: int | None = typer.Option(None, help="torch CPU threads for the run [default: torch's]."),
     output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
 ) -> None:
     """Batch-1 decode output tok/s of each setting, with its ratio to the first one."""
@@ -73,13 +75,22 @@ def decode_speed(
         raise typer.BadParameter("--input-len and --repeats must be >= 1, --output-len >= 2")
     from engine.benchmarks.throughput import _clean_errors
 
+    if threads is not None and threads < 1:
+        raise typer.BadParameter("--threads must be >= 1")
+    import torch
+
+    previous_threads = torch.get_num_threads()
     results: list[DecodeSpeed] = []
-    with _clean_errors():
-        for dtype, quantization in parse_settings(settings):
-            speed = measure_decode_speed(model, dtype, quantization, input_len, output_len, repeats)
-            ratio = speed / results[0].output_tokens_per_second if results else 1.0
-            results.append(DecodeSpeed(dtype, quantization, speed, ratio))
-            typer.echo(f"{dtype:>9} {quantization:>5}: {speed:8.1f} output tok/s  ({ratio:.2f}x)")
+    try:
+        torch.set_num_threads(threads or previous_threads)
+        with _clean_errors():
+            for dtype, quantization in parse_settings(settings):
+                speed = measure_decode_speed(model, dtype, quantization, input_len, output_len, repeats)
+                ratio = speed / results[0].output_tokens_per_second if results else 1.0
+                results.append(DecodeSpeed(dtype, quantization, speed, ratio))
+                typer.echo(f"{dtype:>9} {quantization:>5}: {speed:8.1f} output tok/s  ({ratio:.2f}x)")
+    finally:
+        torch.set_num_threads(previous_threads)
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")

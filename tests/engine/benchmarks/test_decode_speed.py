@@ -22,7 +22,8 @@ def test_settings_parse_and_bad_ones_name_the_format() -> None:
 def test_a_run_writes_one_row_per_setting_with_ratios_to_the_first(tmp_path: Path) -> None:
     out = tmp_path / "decode.json"
     args = ["decode-speed", "--model", "tiny-random", "--settings", "float32/none,float32/int4"]
-    result = CliRunner().invoke(app, [*args, "--output-len", "3", "--repeats", "1", "--output-json", str(out)])
+    options = ["--output-len", "3", "--repeats", "1", "--threads", "1", "--output-json", str(out)]
+    result = CliRunner().invoke(app, [*args, *options])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert [(r["dtype"], r["quantization"]) for r in rows] == [("float32", "none"), ("float32", "int4")]
@@ -33,3 +34,13 @@ def test_a_run_writes_one_row_per_setting_with_ratios_to_the_first(tmp_path: Pat
 def test_an_impossible_setting_is_a_clear_error() -> None:
     result = CliRunner().invoke(app, ["decode-speed", "--model", "tiny-random", "--settings", "float32/fp8"])
     assert result.exit_code == 1 and "quantization='fp8' needs a CUDA GPU" in result.output
+
+
+def test_threads_are_restored_after_the_run() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    threads = 1 if before > 1 else 2
+    args = ["decode-speed", "--model", "tiny-random", "--settings", "float32/fp8", "--threads", str(threads)]
+    assert CliRunner().invoke(app, args).exit_code == 1
+    assert torch.get_num_threads() == before
