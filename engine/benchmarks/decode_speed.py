@@ -40,12 +40,16 @@ def parse_settings(text: str) -> list[tuple[str, str]]:
 
 
 def measure_decode_speed(
-    model: str, dtype: str, quantization: str, input_len: int, output_len: int, repeats: int
-) -> float:
+    model: str, dtype: str, quantization: str, input_len: int, output_len: int, repeats: int,
+    cpu_threads: int | None = None,
+) -> float:  # fmt: skip
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    llm = LLM(model, dtype=dtype, quantization=quantization, max_model_len=input_len + output_len, max_num_seqs=1)
+    llm = LLM(
+        model, dtype=dtype, quantization=quantization, max_model_len=input_len + output_len, max_num_seqs=1,
+        cpu_threads=cpu_threads,
+    )  # fmt: skip
     prompt = {"prompt_token_ids": [(17 * i) % 4000 + 100 for i in range(input_len)]}
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     speeds = []
@@ -67,7 +71,7 @@ def decode_speed(
     input_len: int = typer.Option(32, help="Prompt tokens."),
     output_len: int = typer.Option(64, help="Output tokens per run (EOS ignored)."),
     repeats: int = typer.Option(3, help="Timed runs per setting, after one warm-up."),
-    threads: int | None = typer.Option(None, help="torch CPU threads for the run [default: torch's]."),
+    threads: int | None = typer.Option(None, help="The engines' --cpu-threads [default: torch's]."),
     output_json: Path | None = typer.Option(None, help="Write the results here as JSON."),
 ) -> None:
     """Batch-1 decode output tok/s of each setting, with its ratio to the first one."""
@@ -81,11 +85,10 @@ def decode_speed(
 
     previous_threads = torch.get_num_threads()
     results: list[DecodeSpeed] = []
-    try:
-        torch.set_num_threads(threads or previous_threads)
+    try:  # the in-process engine sets this process's torch threads: put them back afterwards
         with _clean_errors():
             for dtype, quantization in parse_settings(settings):
-                speed = measure_decode_speed(model, dtype, quantization, input_len, output_len, repeats)
+                speed = measure_decode_speed(model, dtype, quantization, input_len, output_len, repeats, threads)
                 ratio = speed / results[0].output_tokens_per_second if results else 1.0
                 results.append(DecodeSpeed(dtype, quantization, speed, ratio))
                 typer.echo(f"{dtype:>9} {quantization:>5}: {speed:8.1f} output tok/s  ({ratio:.2f}x)")
