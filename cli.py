@@ -8,6 +8,7 @@ import engine.commands
 import engine.cpu_threads
 import reports.commands
 import sweep.commands
+import sweep.simulate_commands
 import sweep.tune.commands
 import workloads
 import workloads.commands
@@ -27,6 +28,7 @@ engine.commands.register(app, load_workload=workloads.load)
 workloads.commands.register(app)
 sweep.commands.register(app, render_report=reports.render_report)
 sweep.tune.commands.register(app, render_report=reports.render_report)
+sweep.simulate_commands.register(app, render_report=reports.render_report)
 reports.commands.register(app)
 
 

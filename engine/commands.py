@@ -41,3 +41,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.decode_speed import decode_speed
 
     app.command("decode-speed")(decode_speed)
+
+    from engine.benchmarks.profile import profile
+
+    app.command("profile")(profile)

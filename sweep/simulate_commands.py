@@ -1,0 +1,113 @@
+"""`bench simulate`: `bench sweep`'s load, workload and SLO flags, run on the real scheduler in virtual time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from engine.cli_options import knob_option, with_engine_knobs
+from sweep.commands import LOAD_PANEL, WORKLOAD_PANEL, _fail, _floats, _render_report
+
+
+@with_engine_knobs
+def simulate(
+    ctx: typer.Context,
+    engine_knobs: dict[str, Any],
+    profile: Path = typer.Option(..., help="A `bench profile` JSON: the step-time cost model."),
+    concurrency: str | None = typer.Option(
+        None, help="Closed-loop streams per point, e.g. 1,2,4,8.", rich_help_panel=LOAD_PANEL
+    ),
+    request_rate: str | None = typer.Option(
+        None, help="Open-loop request rates (req/s) per point, e.g. 1,2,4.", rich_help_panel=LOAD_PANEL
+    ),
+    burstiness: float = typer.Option(
+        1.0, help="Gamma shape of inter-arrival times (1 = Poisson).", rich_help_panel=LOAD_PANEL
+    ),
+    max_concurrency: int | None = typer.Option(
+        None, help="Rate mode: cap on in-flight requests.", rich_help_panel=LOAD_PANEL
+    ),
+    num_prompts: int | None = typer.Option(
+        None, help="Requests per point (default 200 unless --duration).", rich_help_panel=LOAD_PANEL
+    ),
+    duration: float | None = typer.Option(
+        None, help="Simulated seconds of sending per point.", rich_help_panel=LOAD_PANEL
+    ),
+    slo: str | None = typer.Option(None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
+    percentiles: str = typer.Option("50,90,99", help="Percentiles to report."),
+    model: str | None = knob_option("model", help="Model (default: the profile's; another one is an error)."),
+    workload: str = typer.Option(
+        "random", help="Workload name or trace path (see `bench workloads list`).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    input_len: int | None = typer.Option(
+        None, help="fixed/random: prompt tokens (default 1024).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    output_len: int | None = typer.Option(
+        None, help="fixed/random: output tokens (default 128).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    random_range_ratio: float = typer.Option(
+        0.0, help="random: lengths uniform in L*(1 +- r).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    seed: int | None = knob_option("seed", help="Workload seed (default 0)."),
+    fit_policy: str = typer.Option(
+        "clip",
+        help="How requests longer than --max-model-len are fitted: clip | drop | rescale.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    max_model_len: int | None = knob_option(
+        "max_model_len", help="Fit the workload to this context (and the simulated engine's max_model_len)."
+    ),
+    output_dir: Path = typer.Option(Path("results/simulate"), help="Run directory."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
+    ),
+) -> None:
+    """Predict a sweep without running the model: the engine's scheduler and KV manager driven by a profiled
+    step-time cost model, written as a `bench sweep` run directory marked simulated."""
+    from sweep.benchmark_metrics import parse_slo
+    from sweep.runner import WorkloadConfig
+    from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
+
+    if (concurrency is None) == (request_rate is None):
+        _fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
+    mode = "concurrency" if concurrency is not None else "rate"
+    own = {"model": model, "seed": seed, "max_model_len": max_model_len}
+    knobs = {**engine_knobs, **{k: v for k, v in own.items() if v is not None}}
+    try:
+        config = SimulateConfig(
+            output_dir=output_dir,
+            profile=load_profile(profile),
+            mode=mode,
+            values=_floats(
+                concurrency if mode == "concurrency" else request_rate, f"--{mode.replace('rate', 'request-rate')}"
+            ),
+            engine_knobs=knobs,
+            workload=WorkloadConfig(
+                workload=workload,
+                input_len=input_len if input_len is not None else (1024 if workload in ("fixed", "random") else None),
+                output_len=output_len if output_len is not None else (128 if workload in ("fixed", "random") else None),
+                range_ratio=random_range_ratio,
+                max_model_len=max_model_len,
+                fit_policy=fit_policy,
+                seed=seed if seed is not None else 0,
+            ),
+            num_prompts=num_prompts,
+            duration=duration,
+            burstiness=burstiness,
+            max_concurrency=max_concurrency,
+            slo=parse_slo(slo),
+            percentiles=_floats(percentiles, "--percentiles"),
+            resume=resume,
+        )
+        run_dir = run_simulation(config)
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+    typer.echo(f"results: {run_dir}")
+    if report and ctx.obj is not None:
+        _render_report(ctx.obj, run_dir, config.slo)
+
+
+def register(app: typer.Typer, render_report: Any = None) -> None:
+    app.command("simulate", context_settings={"obj": render_report})(simulate)

@@ -1,0 +1,283 @@
+"""A whole simulated sweep: the profile, the engine config, every point, the run directory (`bench simulate`).
+
+The engine config is built exactly as a launched engine builds it (`EngineConfig.from_kwargs` with the model and
+knobs). The profile fixes what it measured: model, dtype, quantization and device; a knob that contradicts it is
+an error. The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled machine's memory held
+(`kv_cache.tokens` in the profile, measured at its gpu_memory_utilization), capped as the model runner caps it at
+max_num_seqs sequences of max_model_len.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from sweep import results
+from sweep.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.runner import PointSpec, WorkloadConfig, schedule
+from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
+
+PROFILE_KIND = "servelab-step-profile"
+PROFILE_FIXED_KNOBS = ("model", "dtype", "quantization", "device")
+
+
+@dataclass
+class Profile:
+    """A `bench profile` file: the cost model plus what it was measured on."""
+
+    path: Path
+    data: dict[str, Any]
+    cost_model: Any  # engine.executor.cost_model.CostModel
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return dict(self.data.get("knobs") or {})
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        return (self.data.get("kv_cache") or {}).get("tokens")
+
+
+def load_profile(path: str | Path) -> Profile:
+    from engine.executor.cost_model import CostModel
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--profile {path}: no such file; make one with `bench profile`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--profile {path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
+        raise ValueError(f"--profile {path}: not a `bench profile` file (kind must be {PROFILE_KIND!r})")
+    try:
+        cost_model = CostModel.from_dict(data["cost_model"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"--profile {path}: cost_model: {e}") from None
+    return Profile(path, data, cost_model)
+
+
+@dataclass
+class SimulateConfig:
+    output_dir: Path
+    profile: Profile
+    mode: str = "concurrency"
+    values: list[float] = field(default_factory=lambda: [1.0])
+    engine_knobs: dict[str, Any] = field(default_factory=dict)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    num_prompts: int | None = None
+    duration: float | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    slo: dict[str, float] | None = None
+    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
+    resume: bool = False
+    command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        if self.mode not in ("concurrency", "rate"):
+            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
+        if not self.values:
+            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
+        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
+            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
+        if self.mode == "rate" and any(not v > 0 for v in self.values):
+            raise ValueError(f"request rates must be > 0, got {self.values}")
+        if self.num_prompts is None and self.duration is None:
+            self.num_prompts = 200
+        for name in PROFILE_FIXED_KNOBS:
+            given, profiled = self.engine_knobs.get(name), self.profile.knobs.get(name)
+            if given is not None and profiled is not None and given != profiled:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} {given}: the profile {self.profile.path} was measured with "
+                    f"{name}={profiled}; run `bench profile` for that configuration"
+                )
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The engine's knobs: the profile's fixed ones, then the user's."""
+        fixed = {k: v for k, v in self.profile.knobs.items() if k in PROFILE_FIXED_KNOBS and v is not None}
+        return {**fixed, **self.engine_knobs}
+
+    def label(self, value: float) -> str:
+        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
+
+
+def engine_config(config: SimulateConfig) -> tuple[Any, int]:
+    """The EngineConfig a launched engine would build, and the simulated KV cache's size in blocks."""
+    from engine.config import EngineConfig
+    from engine.kv_cache_manager import cdiv
+
+    engine = EngineConfig.from_kwargs(**config.knobs)
+    cc, sc = engine.cache_config, engine.scheduler_config
+    max_model_len = engine.model_config.max_model_len
+    assert max_model_len is not None
+    if cc.num_gpu_blocks_override is not None:
+        return engine, cc.num_gpu_blocks_override
+    tokens = config.profile.kv_cache_tokens
+    if not tokens:
+        raise ValueError(f"the profile {config.profile.path} has no kv_cache.tokens; pass --num-gpu-blocks-override")
+    num_blocks = min(tokens // cc.block_size, sc.max_num_seqs * cdiv(max_model_len, cc.block_size))
+    if num_blocks * cc.block_size < max_model_len:
+        raise ValueError(
+            f"the profiled KV cache ({tokens} tokens) holds less than one sequence of max_model_len={max_model_len}"
+        )
+    return engine, num_blocks
+
+
+def build_requests(config: SimulateConfig, n: int, salt: str) -> tuple[list[SimulatedRequest], Any]:
+    """The point's requests from the workload (fitted to max_model_len as `bench sweep` fits them)."""
+    import workloads
+
+    wl = config.workload
+    is_file = wl.workload not in workloads.shipped_names() and Path(wl.workload).expanduser().is_file()
+    extra: dict[str, Any] = {}
+    if is_file:
+        from engine.tokenizer import get_tokenizer
+
+        extra["tokenizer"] = get_tokenizer(config.knobs.get("tokenizer") or config.knobs["model"])
+    specs = workloads.load(
+        wl.workload,
+        num_requests=n,
+        seed=wl.seed,
+        input_len=wl.input_len,
+        output_len=wl.output_len,
+        range_ratio=wl.range_ratio,
+        max_model_len=wl.max_model_len,
+        fit_policy=wl.fit_policy,
+        **extra,
+    )
+    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+    requests = [SimulatedRequest(i, prompt_token_ids(s, i, salt), s.output_len) for i, s in enumerate(specs)]
+    return requests, fit_report
+
+
+class Simulator:
+    """Runs `bench simulate`'s points into a run directory, one fresh engine core per point."""
+
+    def __init__(self, config: SimulateConfig, console: Console | None = None) -> None:
+        self.config = config
+        self.console = console or Console(stderr=True)
+        self.engine_config, self.num_blocks = engine_config(config)
+        build_requests(config, 1, salt="check")  # a bad workload fails before any file exists
+        self.salt = uuid.uuid4().hex[:12]
+        previous = config.output_dir / results.CONFIG
+        if config.resume and previous.exists():
+            self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
+        self.writer = results.open_run(config.output_dir, self.run_config(), resume=config.resume)
+
+    def run_config(self) -> dict[str, Any]:
+        from sweep.sweeper import _machine, _versions
+
+        cfg = self.config
+        return {
+            "run_id": f"{cfg.output_dir.name}-{self.salt}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "simulated": True,
+            "target": {
+                "url": None,
+                "model": cfg.knobs.get("model"),
+                "tokenizer": cfg.knobs.get("tokenizer") or cfg.knobs.get("model"),
+                "backend": "simulated",
+                "engine_knobs": dict(cfg.engine_knobs),
+                "launch_template": None,
+                "profile": str(cfg.profile.path),
+                "profile_machine": cfg.profile.data.get("machine"),
+                "cost_model": cfg.profile.cost_model.to_dict(),
+                "num_gpu_blocks": self.num_blocks,
+            },
+            "workload": {**asdict(cfg.workload), "salt": self.salt},
+            "sweep": {
+                "mode": cfg.mode,
+                "values": cfg.values,
+                "num_prompts": cfg.num_prompts,
+                "duration": cfg.duration,
+                "burstiness": cfg.burstiness,
+                "max_concurrency": cfg.max_concurrency,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            },
+            "slo": cfg.slo,
+            "percentiles": cfg.percentiles,
+            "versions": _versions(),
+            "machine": _machine(),
+            "command": cfg.command,
+        }
+
+    def point_spec(self, value: float) -> PointSpec:
+        cfg = self.config
+        concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
+        return PointSpec(
+            label=cfg.label(value),
+            mode=cfg.mode,
+            concurrency=concurrency,
+            rate=round(value, 2) if cfg.mode == "rate" else math.inf,
+            burstiness=cfg.burstiness,
+            num_prompts=cfg.num_prompts,
+            duration=cfg.duration,
+        )
+
+    def measure(self, value: float) -> dict[str, Any]:
+        """Simulate one point (or reload it on resume) and return its point dict."""
+        from engine.engine_core import EngineCore
+        from engine.executor.simulated import SimulatedExecutor
+
+        cfg, spec = self.config, self.point_spec(value)
+        if spec.label in self.writer.finished_labels():
+            return self.writer.load_point(spec.label)
+        requests, fit_report = build_requests(cfg, spec.pool_size, salt=f"{self.salt}-{spec.label}")
+        offsets = schedule(spec, requests, cfg.workload.seed)  # type: ignore[arg-type]
+        max_model_len = self.engine_config.model_config.max_model_len
+        executor = SimulatedExecutor(cfg.profile.cost_model, self.num_blocks, max_model_len)
+        core = EngineCore(self.engine_config, executor=executor)
+        simulated = simulate_point(core, executor, requests, offsets, spec.concurrency, spec.duration)
+        metrics = calculate_metrics(
+            simulated.records, simulated.duration, cfg.percentiles, cfg.slo, spec.concurrency is not None
+        )
+        point: dict[str, Any] = {
+            "label": spec.label,
+            "max_concurrency": spec.concurrency,
+            "request_rate": spec.rate,
+            "burstiness": spec.burstiness,
+            "num_prompts": len(simulated.records),
+            **metrics,
+            "simulated": True,
+            "simulation": simulated.stats,
+        }
+        if fit_report is not None:
+            point["fidelity"] = {"fit": asdict(fit_report)}
+        self.writer.write_point(point, [r.to_row(spec.label) for r in simulated.records])
+        self._print_row(point)
+        return point
+
+    def _print_row(self, point: dict[str, Any]) -> None:
+        p = percentile_name(max(self.config.percentiles))
+        sim = point["simulation"]
+        attain = point.get("slo_attainment")
+        self.console.print(
+            f"{point['label']:>9} done {point['completed']:>5} fail {point['failed']:>4}  "
+            f"out {point['output_throughput']:>8.1f} tok/s  TTFT p50 {point['median_ttft_ms']:>8.1f} "
+            f"{p} {point[f'{p}_ttft_ms']:>8.1f}  TPOT p50 {point['median_tpot_ms']:>7.2f} ms  "
+            f"attain {'-' if attain is None else f'{attain:.3f}'}  | {sim['steps']} steps, "
+            f"{sim['mean_running_seqs']:.1f} running, scheduler {sim['scheduler_cpu_us_per_step_p50']:.0f} us/step "
+            f"(p50), {point['completed'] / max(sim['cpu_s'], 1e-9):.0f} req per CPU-s",
+            soft_wrap=True,
+        )
+
+    def run(self) -> list[dict[str, Any]]:
+        return [self.measure(value) for value in self.config.values]
+
+
+def run_simulation(config: SimulateConfig, console: Console | None = None) -> Path:
+    Simulator(config, console).run()
+    return config.output_dir
