@@ -122,9 +122,10 @@ def simulate_point(
     in_flight = freed = 0
     sent_at_boundary: list[tuple[SimulatedRequest, RequestRecord]] = []
 
-    def admit(before_now: bool) -> None:
+    def admit(before_now: bool, idle: bool = False) -> None:
         """Send due requests while the cap allows: those due before this step boundary count against the
-        requests in flight before its finishes (and go at their own time), the rest go now."""
+        requests in flight before its finishes (and go at their own time), the rest go now and reach the engine
+        now only if it was `idle` (else after its next step)."""
         nonlocal in_flight
         while order and (concurrency is None or in_flight < concurrency):
             i = order[0]
@@ -146,7 +147,7 @@ def simulate_point(
                 client_prompt_tokens=len(request.prompt_token_ids),
             )
             in_flight += 1
-            if before_now or not core.has_unfinished_requests():
+            if before_now or idle:
                 enter(request, record)
             else:
                 sent_at_boundary.append((request, record))
@@ -171,7 +172,7 @@ def simulate_point(
         admit(before_now=True)
         in_flight -= freed
         freed = 0
-        admit(before_now=False)
+        admit(before_now=False, idle=not core.has_unfinished_requests())
         if not core.has_unfinished_requests():
             if not order:
                 break

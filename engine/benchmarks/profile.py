@@ -116,7 +116,9 @@ def time_steps(runner: Any, grid: list[GridPoint], repeats: int, echo: Any = pri
 def _describe(point: GridPoint) -> str:
     parts = []
     if point.prefill_tokens:
-        parts.append(f"prefill {point.prefill_tokens} tok" + (f" @ctx {point.prefill_context}" if point.prefill_context else ""))
+        parts.append(
+            f"prefill {point.prefill_tokens} tok" + (f" @ctx {point.prefill_context}" if point.prefill_context else "")
+        )
     if point.decode_seqs:
         parts.append(f"{point.decode_seqs} decodes @ctx {point.decode_context}")
     return " + ".join(parts)

@@ -149,7 +149,9 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
     return x
 
 
-def fit(shapes: Sequence[StepShape], times: Sequence[float], breakpoints: Sequence[int] = DEFAULT_BREAKPOINTS) -> CostModel:
+def fit(
+    shapes: Sequence[StepShape], times: Sequence[float], breakpoints: Sequence[int] = DEFAULT_BREAKPOINTS
+) -> CostModel:
     """Fit to measured step times (seconds), minimising relative error; `fit_error` holds the in-sample and the
     leave-one-out mean and max relative errors."""
     if len(shapes) != len(times) or not shapes:
