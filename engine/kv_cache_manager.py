@@ -24,6 +24,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_block_ids: dict[str, list[int]] = {}  # the same tables as ids, kept in step with req_to_blocks
         # Hash chain of each request's full blocks, grown as tokens arrive; kept across preemption.
         self.req_to_block_hashes: dict[str, list[BlockHash]] = {}
         # How many leading blocks of each request are already registered in the prefix cache.
@@ -43,7 +44,9 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+        """A copy of the request's block table as ids (a list copy, not a walk over the blocks: it runs for every
+        scheduled request every step)."""
+        return list(self.req_to_block_ids.get(request_id, ()))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a new request, in whole blocks, never covering its last token
@@ -92,6 +95,10 @@ class KVCacheManager:
         blocks.extend(hits)
         new_blocks = self.block_pool.get_new_blocks(num_required) if num_required > 0 else []
         blocks.extend(new_blocks)
+        if hits or new_blocks:
+            block_ids = self.req_to_block_ids.setdefault(request.request_id, [])
+            block_ids.extend(block.block_id for block in hits)
+            block_ids.extend(block.block_id for block in new_blocks)
         if hits:
             num_cached = self.num_cached_blocks.get(request.request_id, 0)
             self.num_cached_blocks[request.request_id] = max(num_cached, len(hits))
@@ -115,6 +122,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first. Cached ones stay reusable until evicted."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.req_to_block_ids.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_blocks.pop(request.request_id, None)
         if request.is_finished:

@@ -201,8 +201,9 @@ class Scheduler:
                 new_token_ids.append(token_id)
                 if self._check_stop(request):
                     break
-            # Blocks filled by accepted drafts: the known tokens' blocks were registered at allocation.
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            if len(sampled_token_ids[row]) > 1:
+                # Blocks filled by accepted drafts: the known tokens' blocks were registered at allocation.
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
             if request.timing.first_token_time is None:
                 request.timing.first_token_time = now
                 self.num_prompt_tokens += request.num_prompt_tokens

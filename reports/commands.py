@@ -31,6 +31,10 @@ def report(
     ),
     out: Path | None = typer.Option(None, help="Output directory (default: <first run>/report)."),
     timeline_point: str | None = typer.Option(None, help="Point label for the request timeline (default: top load)."),
+    cost_per_hour: float | None = typer.Option(
+        None, help="USD per instance-hour: price every point (default: the price its sweep stored, if any)."
+    ),
+    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
 ) -> None:
     """Write report.html (self-contained) and report.md (+ plots/*.png) for one or more runs."""
     from rich.progress import Progress
@@ -38,19 +42,22 @@ def report(
     from reports.importers import RunInputError
     from reports.recompute import parse_slo
     from reports.render import render_report
+    from sweep.cost import CostConfig
 
     try:
         slo_ms = parse_slo(slo)
+        cost = None if cost_per_hour is None else CostConfig(cost_per_hour, gpus_per_instance)
     except ValueError as exc:
         _error(str(exc))
     first = run_dirs[0]
     out_dir = out or ((first if first.is_dir() else first.parent) / "report")
     with Progress(transient=True) as progress:
-        task = progress.add_task("rendering report", total=9)
+        task = progress.add_task("rendering report", total=10)
         try:
             path = render_report(
                 run_dirs, out_dir, slo_ms, timeline_point,
                 progress=lambda name: progress.update(task, advance=1, description=f"plot: {name}"),
+                cost=cost,
             )
         except (RunInputError, ValueError) as exc:
             _error(str(exc))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from reports.cost import cost_vs_load, with_cost
 from reports.importers import RunData, RunInputError, load_runs
 from reports.recompute import format_slo, normalize_slo, with_slo
 from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table
@@ -29,11 +30,13 @@ def render_report(
     slo: Mapping[str, float] | None = None,
     timeline_point: str | None = None,
     progress=None,
+    cost=None,
 ) -> Path:
     """Render the report for one or more runs (overlaid, each labelled); returns the report.html path.
 
     `slo` (ms; `{"ttft_ms": 200, ...}` or `{"ttft": 200}`) re-evaluates goodput and attainment from the
-    stored per-request rows; without it the first run's own SLO is used, if it had one.
+    stored per-request rows; without it the first run's own SLO is used, if it had one. `cost`
+    (`sweep.cost.CostConfig`) prices every point; without it, points priced by their sweep keep their price.
     """
     if not run_dirs:
         raise RunInputError("no run given")
@@ -41,6 +44,7 @@ def render_report(
     slo = normalize_slo(slo) or next((r.slo for r in runs if r.slo), None)
     for run in runs:
         run.points = with_slo(run.points, run.requests, slo)
+        run.points = with_cost(run.points, run.requests, slo, cost, simulated=bool(run.config.get("simulated")))
     out_dir = Path(out_dir)
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
@@ -69,6 +73,10 @@ def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | No
          f"Recomputed from the stored requests under the SLO: {format_slo(slo)}. vLLM's request_goodput "
          "(good requests / duration) and attainment (good / all, failures count as misses).",
          lambda: plots.goodput_vs_load(runs, slo)),
+        ("cost", "Cost against load",
+         "USD per million output tokens of good requests (the SLO's goodput) at the instance price; filled markers "
+         "meet the 90 % attainment goal, dotted lines mark the largest load that does.",
+         lambda: cost_vs_load(runs, slo)),
         ("pareto", "Pareto: tokens/s per user against tokens/s",
          "Per-user speed = output throughput / concurrency (rate sweeps: mean in-flight requests). "
          "Lines join each run's non-dominated points.", lambda: plots.pareto(runs)),

@@ -125,6 +125,10 @@ def sweep(
     report: bool = typer.Option(
         True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
     ),
+    cost_per_hour: float | None = typer.Option(
+        None, help="USD per instance-hour: every point gets cost_per_million_output_tokens at its goodput."
+    ),
+    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
     from sweep.benchmark_metrics import parse_slo
@@ -178,6 +182,8 @@ def sweep(
             calibration=calibration,
             ignore_eos=ignore_eos,
             temperature=temperature,
+            cost_per_hour=cost_per_hour,
+            gpus_per_instance=gpus_per_instance,
         )
         run_dir = run_sweep(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:

@@ -63,10 +63,15 @@ def simulate(
     report: bool = typer.Option(
         True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
     ),
+    cost_per_hour: float | None = typer.Option(
+        None, help="USD per instance-hour: every point gets a simulated cost_per_million_output_tokens."
+    ),
+    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
 ) -> None:
     """Predict a sweep without running the model: the engine's scheduler and KV manager driven by a profiled
     step-time cost model, written as a `bench sweep` run directory marked simulated."""
     from sweep.benchmark_metrics import parse_slo
+    from sweep.cost import CostConfig
     from sweep.runner import WorkloadConfig
     from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
 
@@ -100,6 +105,7 @@ def simulate(
             slo=parse_slo(slo),
             percentiles=_floats(percentiles, "--percentiles"),
             resume=resume,
+            cost=None if cost_per_hour is None else CostConfig(cost_per_hour, gpus_per_instance),
         )
         run_dir = run_simulation(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:

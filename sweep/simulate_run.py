@@ -81,6 +81,7 @@ class SimulateConfig:
     slo: dict[str, float] | None = None
     percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
     resume: bool = False
+    cost: Any = None  # sweep.cost.CostConfig: points get a simulated cost_per_million_output_tokens
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
@@ -254,6 +255,10 @@ class Simulator:
             "simulated": True,
             "simulation": simulated.stats,
         }
+        if cfg.cost is not None:
+            from sweep.cost import cost_fields
+
+            point.update(cost_fields(simulated.records, simulated.duration, cfg.slo, cfg.cost, source="simulated"))
         if fit_report is not None:
             point["fidelity"] = {"fit": asdict(fit_report)}
         self.writer.write_point(point, [r.to_row(spec.label) for r in simulated.records])

@@ -65,6 +65,8 @@ class SweepConfig:
     repeats: int = 1  # see sweep/repeats.py
     calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
     health_timeout_s: float = 600.0
+    cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
+    gpus_per_instance: int = 1
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
@@ -87,6 +89,10 @@ class SweepConfig:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
         if self.num_prompts is None and self.duration is None:
             self.num_prompts = 200
+        if self.cost_per_hour is not None:
+            from sweep.cost import CostConfig
+
+            CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
         if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):
             raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
 
@@ -373,6 +379,11 @@ class Sweeper:
             "num_prompts": len(run.records),
             **metrics,
         }
+        if self.config.cost_per_hour is not None:
+            from sweep.cost import CostConfig, cost_fields
+
+            cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
+            point.update(cost_fields(run.records, run.duration, self.config.slo, cost))
         point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)

@@ -117,3 +117,21 @@ def test_simulate_refuses_knobs_the_profile_did_not_measure(tmp_path: Path, prof
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a `bench profile` file"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: Path) -> None:
+    from sweep.cost import CostConfig
+
+    config = SimulateConfig(
+        output_dir=tmp_path / "run",
+        profile=load_profile(profile_path),
+        values=[2],
+        engine_knobs={"max_model_len": 128},
+        workload=WorkloadConfig(workload="random", input_len=16, output_len=4),
+        num_prompts=4,
+        cost=CostConfig(7.2),
+    )
+    point = load_results(run_simulation(config)).points.iloc[0]
+    assert point["cost_source"] == "simulated"
+    expected = 7.2 / (3600 * point["output_throughput"]) * 1e6  # no SLO: every request's tokens are good
+    assert point["cost_per_million_output_tokens"] == pytest.approx(expected)

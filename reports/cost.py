@@ -1,0 +1,91 @@
+"""The report's cost: dollars per million output tokens at each point's goodput, and its plot against load.
+
+A point's price is `--cost-per-hour` when the report is given one, else the price its sweep stored
+(`bench sweep/simulate --cost-per-hour`); the cost is recomputed from the stored requests under the report's SLO
+(`sweep.cost`), so a report with another SLO prices its own goodput. Simulated points are drawn hollow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from reports.importers import RunData
+from reports.recompute import normalize_slo, records_from_rows
+from sweep.cost import CostConfig, cost_fields
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COST_COLUMN = "cost_per_million_output_tokens"
+
+
+def with_cost(
+    points: pd.DataFrame,
+    requests: pd.DataFrame,
+    slo: Mapping[str, float] | None,
+    cost: CostConfig | None,
+    simulated: bool = False,
+) -> pd.DataFrame:
+    """Points with the cost fields recomputed under `slo`; unchanged when neither `cost` nor the points price."""
+    stored = pd.to_numeric(points["cost_per_hour"], errors="coerce") if "cost_per_hour" in points else None
+    if cost is None and (stored is None or stored.isna().all()):
+        return points
+    points = points.copy()
+    slo = normalize_slo(slo)
+    groups = {label: rows for label, rows in requests.groupby("label", sort=False)} if len(requests) else {}
+    empty = requests.iloc[0:0]
+    rows_out = []
+    for index, point in points.iterrows():
+        price = cost
+        if price is None:
+            gpus = point.get("gpus_per_instance")
+            price = CostConfig(float(stored[index]), int(gpus) if pd.notna(gpus) else 1)  # type: ignore[index]
+        records = records_from_rows(groups.get(point["label"], empty))
+        source = "simulated" if simulated else "measured"
+        rows_out.append(cost_fields(records, float(point["duration"]), slo, price, source=source))
+    for column in rows_out[0]:
+        points[column] = [row[column] for row in rows_out]
+    return points
+
+
+def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: float = 0.9) -> Figure | None:
+    """USD per million good output tokens against load, log scale; filled markers meet the attainment goal
+    (hollow ones miss it), and a dotted line marks each run's largest load that meets it (the SLO boundary)."""
+    from reports.plots import _colour, _load_label, _use_log_x, plt
+
+    priced = [r for r in runs if COST_COLUMN in r.points]
+    if not priced:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, run in enumerate(priced):
+        x = run.load_values().to_numpy(dtype=float)
+        y = pd.to_numeric(run.points[COST_COLUMN], errors="coerce").to_numpy(dtype=float)
+        attain = pd.to_numeric(run.points.get("slo_attainment"), errors="coerce").to_numpy(dtype=float)
+        meets = attain >= goal if slo else np.ones_like(x, dtype=bool)
+        keep = np.isfinite(x) & np.isfinite(y)
+        order = np.argsort(x[keep])
+        simulated = bool(run.config.get("simulated"))
+        name = f"{run.name} (simulated)" if simulated else run.name
+        ax.plot(x[keep][order], y[keep][order], "--" if simulated else "-", color=_colour(i), label=name)
+        for filled in (True, False):
+            sel = keep & (meets == filled)
+            ax.scatter(x[sel], y[sel], s=22, color=_colour(i), facecolors=_colour(i) if filled else "none")
+        if slo and meets.any():
+            ax.axvline(float(x[meets & np.isfinite(x)].max()), color=_colour(i), ls=":", lw=1)
+    ax.set_yscale("log")
+    from reports.recompute import format_slo
+
+    ax.set(
+        title=f"cost per million good output tokens (SLO: {format_slo(slo)})",
+        xlabel=_load_label(priced),
+        ylabel="USD / 1M output tokens",
+    )
+    _use_log_x(ax, priced)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
