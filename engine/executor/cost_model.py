@@ -153,13 +153,15 @@ def fit(
     shapes: Sequence[StepShape], times: Sequence[float], breakpoints: Sequence[int] = DEFAULT_BREAKPOINTS
 ) -> CostModel:
     """Fit to measured step times (seconds), minimising relative error; `fit_error` holds the in-sample and the
-    leave-one-out mean and max relative errors."""
+    leave-one-out mean and max relative errors. Breakpoints without two measured step sizes on each side are
+    dropped."""
     if len(shapes) != len(times) or not shapes:
         raise ValueError(f"need as many step times as shapes (got {len(shapes)} shapes, {len(times)} times)")
     if any(not t > 0 for t in times):
         raise ValueError("step times must be > 0 seconds")
-    top = max(s.num_tokens for s in shapes)
-    kept = tuple(k for k in breakpoints if k < top)
+    counts = sorted({s.num_tokens for s in shapes})
+    # A breakpoint needs two distinct measured sizes on each side, or its slope is a guess (and extrapolates).
+    kept = tuple(k for k in breakpoints if sum(c <= k for c in counts) >= 2 and sum(c > k for c in counts) >= 2)
     x = np.stack([features(s, kept) for s in shapes])
     y = np.asarray(times, dtype=float)
 

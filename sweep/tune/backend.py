@@ -43,6 +43,8 @@ class TrialWorkload:
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
     load_mode: str = "concurrency"
     burstiness: float = 1.0
+    cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
+    gpus_per_instance: int = 1
 
 
 def process_start(pid: int) -> str | None:
@@ -147,6 +149,7 @@ class EngineBackend:
                                     seed=w.seed, endpoint=w.endpoint, max_model_len=knobs.get("max_model_len")),
             num_prompts=w.num_prompts, burstiness=w.burstiness, num_warmups=w.num_warmups, slo=w.slo or None,
             percentiles=list(w.percentiles), resume=True, command=shlex.join(server.command),
+            cost_per_hour=w.cost_per_hour, gpus_per_instance=w.gpus_per_instance,
         )
         # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:

@@ -81,7 +81,7 @@ def tune(
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
     slo: str = typer.Option(..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
     attainment: float = typer.Option(0.9, help="Fraction of requests that must meet the SLO."),
-    objective: str = typer.Option("max-load", help="max-load | goodput | pareto."),
+    objective: str = typer.Option("max-load", help="max-load | goodput | pareto | cost (needs --cost-per-hour)."),
     n_trials: int | None = typer.Option(None, help="Finished trials the study should hold, all workers together "
                                         "(default 20; with --grid, the grid's size)."),
     timeout: float | None = typer.Option(None, help="Stop starting trials after this many seconds."),
@@ -107,6 +107,15 @@ def tune(
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
     grid: bool = typer.Option(False, help="Measure every combination of the space once (Optuna GridSampler) "
                               "instead of TPE; --n-trials defaults to the grid's size."),
+    simulate_first: Path | None = typer.Option(
+        None, help="A `bench profile` JSON: simulate every configuration first; launch only those not predicted "
+        "infeasible or worse than the best measured by --prune-margin."
+    ),
+    prune_margin: float = typer.Option(0.2, help="--simulate-first: prune predictions this much worse than the best."),
+    cost_per_hour: float | None = typer.Option(
+        None, help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it)."
+    ),
+    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
 ) -> None:
     """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
     import logging
@@ -131,6 +140,19 @@ def tune(
             raise ValueError("--slo needs at least one of ttft, tpot, e2el")
         if concurrency is not None and request_rate is not None:
             raise ValueError("give --concurrency or --request-rate, not both")
+        if objective == "cost" and cost_per_hour is None:
+            raise ValueError("--objective cost needs --cost-per-hour USD (the price of one instance-hour)")
+        if cost_per_hour is not None:
+            from sweep.cost import CostConfig
+
+            CostConfig(cost_per_hour, gpus_per_instance)
+        profile = None
+        if simulate_first is not None:
+            from sweep.simulate_run import load_profile
+
+            profile = load_profile(simulate_first)
+            if profile.knobs.get("model") not in (None, model):
+                raise ValueError(f"--simulate-first {simulate_first} profiles {profile.knobs['model']}, not {model}")
         mode = "rate" if request_rate is not None else "concurrency"
         load = request_rate if request_rate is not None else (concurrency or (1 if objective == "max-load" else 8))
         spec = ObjectiveSpec(
@@ -178,6 +200,8 @@ def tune(
         tokenizer=tokenizer,
         slo=slo_ms,
         load_mode=mode,
+        cost_per_hour=cost_per_hour,
+        gpus_per_instance=gpus_per_instance,
     )
     info = {
         "model": model,
@@ -204,9 +228,21 @@ def tune(
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
-    tune_objective = TuneObjective(
-        search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len
-    )
+    if profile is not None:
+        from sweep.tune.simulate_first import SimulatedBackend, SimulateFirstObjective
+
+        try:
+            tune_objective: TuneObjective = SimulateFirstObjective(
+                search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len,
+                simulator=SimulatedBackend(profile, trial_workload), margin=prune_margin,
+            )  # fmt: skip
+        except ValueError as err:
+            console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from err
+    else:
+        tune_objective = TuneObjective(
+            search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len
+        )
     console.print(f"study [bold]{name}[/bold] in {url}")
     aborted: TuneAborted | None = None
     try:

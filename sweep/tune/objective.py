@@ -6,6 +6,8 @@ Three objectives (see docs: tuning.md §b for the three meanings of "goodput"):
 - `goodput` (vLLM's `request_goodput`): good requests per second at one fixed load; maximised, with
   attainment >= target recorded as a soft constraint.
 - `pareto`: (`request_goodput`, `p90_ttft_ms`) at one fixed load; a two-objective study (maximise, minimise).
+- `cost`: `cost_per_million_output_tokens` at one fixed load (the instance price over the goodput's output tokens,
+  sweep/cost.py); minimised, with attainment >= target a soft constraint.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-OBJECTIVES = ("max-load", "goodput", "pareto")
+OBJECTIVES = ("max-load", "goodput", "pareto", "cost")
+NO_COST = 1e12  # USD per million tokens told for a point with no good request (no finite cost)
 
 
 class Infeasible(RuntimeError):
@@ -46,18 +49,21 @@ class ObjectiveSpec:
 
     @property
     def directions(self) -> list[str]:
-        return ["maximize", "minimize"] if self.kind == "pareto" else ["maximize"]
+        if self.kind == "pareto":
+            return ["maximize", "minimize"]
+        return ["minimize"] if self.kind == "cost" else ["maximize"]
 
     @property
     def metric_names(self) -> list[str]:
         return {"max-load": [f"max_{self.load_mode}_under_slo"], "goodput": ["request_goodput"],
-                "pareto": ["request_goodput", self.pareto_ttft_metric]}[self.kind]
+                "pareto": ["request_goodput", self.pareto_ttft_metric],
+                "cost": ["cost_per_million_output_tokens"]}[self.kind]
 
     def infeasible_values(self) -> list[float]:
         """The pessimistic values an infeasible trial is told with, so the sampler learns to avoid it."""
         if self.kind == "pareto":
             return [0.0, 1e9]
-        return [0.0]
+        return [NO_COST] if self.kind == "cost" else [0.0]
 
     def passes(self, point: dict[str, Any]) -> bool:
         attained = point.get("slo_attainment")
@@ -108,6 +114,11 @@ def max_load_search(
 
 
 def fixed_load_evaluation(spec: ObjectiveSpec, point: dict[str, Any]) -> Evaluation:
+    if spec.kind == "cost":
+        cost = point.get("cost_per_million_output_tokens")
+        if "cost_per_hour" not in point:
+            raise ValueError("the cost objective needs points priced with --cost-per-hour")
+        return Evaluation(values=[NO_COST if cost is None or math.isnan(cost) else float(cost)], points=[point])
     goodput = float(point.get("request_goodput") or 0.0)
     if spec.kind == "pareto":
         ttft = point.get(spec.pareto_ttft_metric)

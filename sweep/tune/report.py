@@ -104,6 +104,7 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
         status,
         values,
         ", ".join(f"{s:.3g}" for s in spread) if spread else "",
+        ", ".join(f"{v:.4g}" for v in trial.user_attrs.get("predicted_values") or []),
     ]
     cells += [str(trial.params.get(p, "")) for p in param_names]
     cells += [trial.user_attrs.get("error") or "", trial.user_attrs.get("run_dir", "")]
@@ -114,7 +115,7 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
 def trial_table(study: optuna.Study) -> str:
     trials = study.get_trials(deepcopy=False)
     param_names = sorted({p for t in trials for p in t.params})
-    head = ["#", "state", "status", "values", "spread", *param_names, "error", "run dir"]
+    head = ["#", "state", "status", "values", "spread", "predicted", *param_names, "error", "run dir"]
     rows = "\n".join(_trial_row(t, param_names) for t in trials)
     return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>\n{rows}</table>"
 

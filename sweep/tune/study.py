@@ -192,9 +192,10 @@ class TuneObjective:
 
     def _constrain(self, trial: optuna.Trial, started: bool, slo_violation: float) -> None:
         """Soft constraints (feasible iff all <= 0). `slo` only for max-load, where a value of 0 means the SLO is
-        missed at every load; goodput already counts SLO misses, so a goodput trial is feasible once it starts."""
+        missed at every load, and cost, which is minimised subject to the attainment target; goodput already counts
+        SLO misses, so a goodput trial is feasible once it starts."""
         trial.set_constraint("starts", -1.0 if started else 1.0)
-        if self.spec.kind == "max-load":
+        if self.spec.kind in ("max-load", "cost"):
             trial.set_constraint("slo", slo_violation)
 
     def _infeasible(self, trial: optuna.Trial, reason: str) -> list[float]:
