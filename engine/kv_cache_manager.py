@@ -83,6 +83,8 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(request.request_id, [])
         num_tokens_after = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_required = cdiv(num_tokens_after + num_lookahead_tokens, self.block_size) - len(blocks) - len(hits)
+        if num_required <= 0 and not hits and blocks:
+            return []  # the common decode step: its slots are already reserved
         # Hits sitting in the free queue stop being allocatable once touched.
         num_free_hits = sum(1 for block in hits if block.ref_cnt == 0)
         if num_required > self.num_free_blocks() - num_free_hits:

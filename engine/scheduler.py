@@ -107,7 +107,7 @@ class Scheduler:
             request = self.running[index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
             assert num_new_tokens > 0, f"running request {request.request_id} has nothing to compute"
-            drafts = self._drafts_within_limits(request, num_new_tokens, budget)
+            drafts = self._drafts_within_limits(request, num_new_tokens, budget) if request.spec_token_ids else []
             while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
                 # Victims come from the tail, past `index`, so none of them was scheduled yet this step.
                 victim = self.running.pop()

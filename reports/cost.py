@@ -80,10 +80,11 @@ def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: flo
     from reports.recompute import format_slo
 
     ax.set(
-        title=f"cost per million good output tokens (SLO: {format_slo(slo)})",
+        title=f"USD per 1M good output tokens (SLO: {format_slo(slo)})",
         xlabel=_load_label(priced),
         ylabel="USD / 1M output tokens",
     )
+    ax.title.set_fontsize(9)
     _use_log_x(ax, priced)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
