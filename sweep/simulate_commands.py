@@ -34,6 +34,15 @@ def simulate(
     duration: float | None = typer.Option(
         None, help="Simulated seconds of sending per point.", rich_help_panel=LOAD_PANEL
     ),
+    max_load_under_slo: bool = typer.Option(
+        False, "--max-load-under-slo", help="Search the largest load meeting --attainment.", rich_help_panel=LOAD_PANEL
+    ),
+    attainment: float = typer.Option(
+        0.9, help="SLO attainment goal for --max-load-under-slo.", rich_help_panel=LOAD_PANEL
+    ),
+    max_load: float = typer.Option(
+        4096.0, help="--max-load-under-slo never goes above this load.", rich_help_panel=LOAD_PANEL
+    ),
     slo: str | None = typer.Option(None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
     percentiles: str = typer.Option("50,90,99", help="Percentiles to report."),
     model: str | None = knob_option("model", help="Model (default: the profile's; another one is an error)."),
@@ -104,6 +113,9 @@ def simulate(
             max_concurrency=max_concurrency,
             slo=parse_slo(slo),
             percentiles=_floats(percentiles, "--percentiles"),
+            max_load_under_slo=max_load_under_slo,
+            attainment=attainment,
+            max_load=max_load,
             resume=resume,
             cost=None if cost_per_hour is None else CostConfig(cost_per_hour, gpus_per_instance),
         )

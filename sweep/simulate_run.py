@@ -80,6 +80,9 @@ class SimulateConfig:
     max_concurrency: int | None = None
     slo: dict[str, float] | None = None
     percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
+    max_load_under_slo: bool = False
+    attainment: float = 0.9
+    max_load: float = 4096.0
     resume: bool = False
     cost: Any = None  # sweep.cost.CostConfig: points get a simulated cost_per_million_output_tokens
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
@@ -96,6 +99,8 @@ class SimulateConfig:
             raise ValueError(f"request rates must be > 0, got {self.values}")
         if self.num_prompts is None and self.duration is None:
             self.num_prompts = 200
+        if self.max_load_under_slo and not self.slo:
+            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
         for name in PROFILE_FIXED_KNOBS:
             given, profiled = self.engine_knobs.get(name), self.profile.knobs.get(name)
             if given is not None and profiled is not None and given != profiled:
@@ -205,6 +210,8 @@ class Simulator:
                 "duration": cfg.duration,
                 "burstiness": cfg.burstiness,
                 "max_concurrency": cfg.max_concurrency,
+                "max_load_under_slo": cfg.max_load_under_slo,
+                "attainment": cfg.attainment,
                 "ignore_eos": True,
                 "temperature": 0.0,
             },
@@ -280,7 +287,22 @@ class Simulator:
         )
 
     def run(self) -> list[dict[str, Any]]:
-        return [self.measure(value) for value in self.config.values]
+        cfg = self.config
+        if not cfg.max_load_under_slo:
+            return [self.measure(value) for value in cfg.values]
+        from sweep.search import SearchConfig, max_load_under_slo
+
+        search = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
+        result = max_load_under_slo(search, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
+        labels = [cfg.label(p.value) for p in result.probes]
+        self.writer.write_search({**result.to_dict(), "labels": labels, "slo": cfg.slo})
+        unit = "streams" if cfg.mode == "concurrency" else "req/s"
+        self.console.print(
+            f"max load under SLO (simulated): {result.best:g} {unit}, bracket {result.bracket}"
+            if result.best is not None
+            else f"no load met attainment >= {cfg.attainment} (simulated); smallest failing: {result.bracket[1]}"
+        )
+        return [self.writer.load_point(label) for label in sorted(self.writer.finished_labels())]
 
 
 def run_simulation(config: SimulateConfig, console: Console | None = None) -> Path:

@@ -135,3 +135,25 @@ def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: P
     assert point["cost_source"] == "simulated"
     expected = 7.2 / (3600 * point["output_throughput"]) * 1e6  # no SLO: every request's tokens are good
     assert point["cost_per_million_output_tokens"] == pytest.approx(expected)
+
+
+def test_simulated_max_load_search_writes_search_json(tmp_path: Path, profile_path: Path) -> None:
+    config = SimulateConfig(
+        output_dir=tmp_path / "run",
+        profile=load_profile(profile_path),
+        values=[1],
+        engine_knobs={"max_num_seqs": 2, "max_model_len": 128},
+        workload=WorkloadConfig(workload="random", input_len=16, output_len=8),
+        num_prompts=8,
+        slo={"ttft_ms": 150.0},  # one or two streams fit; more queue behind max_num_seqs=2
+        max_load_under_slo=True,
+        max_load=16,
+    )
+    run_dir = run_simulation(config)
+    search = json.loads((run_dir / "search.json").read_text())
+    points = load_results(run_dir).points.set_index("label")
+    assert search["best"] is not None and 1 <= search["best"] < 16
+    passing = points[points["slo_attainment"] >= 0.9]
+    assert search["best"] == passing["max_concurrency"].max()
+    with pytest.raises(ValueError, match="needs an --slo"):
+        SimulateConfig(output_dir=tmp_path / "x", profile=load_profile(profile_path), max_load_under_slo=True)
