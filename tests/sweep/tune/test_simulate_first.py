@@ -102,3 +102,19 @@ def test_simulated_backend_measures_with_the_real_scheduler(tmp_path: Path) -> N
         knobs = {"enable_chunked_prefill": False, "max_num_batched_tokens": 64, "max_model_len": 128}
         with backend.launch(knobs, tmp_path / "t1") as for_repeat:
             for_repeat(0)(1)
+
+
+def test_tune_command_checks_the_profile_and_the_price_before_any_trial(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"kind": "servelab-step-profile", "knobs": {"model": "smollm2-135m"},
+                                   "cost_model": {"coefficients": {"overhead": 0.01}}}))  # fmt: skip
+    base = ["tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*base, "--simulate-first", str(profile)])
+    assert result.exit_code == 2 and "profiles smollm2-135m, not tiny-random" in result.output
+    result = CliRunner().invoke(app, [*base, "--objective", "cost"])
+    assert result.exit_code == 2 and "needs --cost-per-hour" in result.output
+    assert not (tmp_path / "out" / "tune.db").exists()
