@@ -350,9 +350,20 @@ class Sweeper:
                 repeats, self.writer.load_rows(spec.label), self.config.percentiles, self.config.slo,
                 queue_inclusive=spec.concurrency is not None,
             )
+            rows = self.writer.load_rows(spec.label)
+            self._add_cost(pooled, [RequestRecord.from_row(row) for row in rows], float(pooled["duration"]))
             self.writer.write_point(pooled, [])
             self._print_row(pooled)
         return point
+
+    def _add_cost(self, point: dict[str, Any], records: list[RequestRecord], duration: float) -> None:
+        """With --cost-per-hour: the point's cost per million output tokens at its goodput (sweep/cost.py)."""
+        if self.config.cost_per_hour is None:
+            return
+        from sweep.cost import CostConfig, cost_fields
+
+        cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
+        point.update(cost_fields(records, duration, self.config.slo, cost))
 
     def _check_server_alive(self) -> None:
         """A launched engine that died mid-point fails the sweep (with its log) instead of recording failures."""
@@ -379,11 +390,7 @@ class Sweeper:
             "num_prompts": len(run.records),
             **metrics,
         }
-        if self.config.cost_per_hour is not None:
-            from sweep.cost import CostConfig, cost_fields
-
-            cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
-            point.update(cost_fields(run.records, run.duration, self.config.slo, cost))
+        self._add_cost(point, run.records, run.duration)
         point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
