@@ -10,8 +10,8 @@ sampled greedily by the engine's `Sampler` (what EngineCore does in a step, less
 A point's time is the median of `--repeats` runs after one warm-up run. The profile JSON holds the measurements,
 the fitted `CostModel` (engine/executor/cost_model.py) with its in-sample and leave-one-out relative errors, the
 KV cache's capacity on this machine (`kv_cache.tokens` at the given gpu_memory_utilization, uncapped by
-max_num_seqs), the fixed knobs (model, dtype, quantization, device), the tensor-parallel size, the machine and
-the versions.
+max_num_seqs), the fixed knobs (model, dtype, quantization, device, block size, and tensor-parallel size 1: the
+in-process runner), the machine and the versions.
 """
 
 from __future__ import annotations
@@ -127,12 +127,13 @@ def _describe(point: GridPoint) -> str:
 def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, echo: Any = print) -> dict[str, Any]:
     """Build the model runner from `knobs`, time `grid`, fit; returns the profile's JSON dict."""
     from engine.config import EngineConfig
-    from engine.distributed import get_tensor_model_parallel_world_size
     from engine.executor.cost_model import StepShape, fit
     from engine.kv_cache_manager import cdiv
     from engine.model_runner import ModelRunner
 
     config = EngineConfig.from_kwargs(**knobs)
+    if config.parallel_config.tensor_parallel_size != 1:
+        raise ValueError("bench profile times the in-process model runner: tensor_parallel_size must be 1")
     max_model_len = config.model_config.max_model_len
     assert max_model_len is not None
     too_long = [p for p in grid if p.longest > max_model_len]
@@ -161,8 +162,8 @@ def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, ec
             "quantization": mc.quantization,
             "device": runner.device.type,
             "block_size": runner.block_size,
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
         },
-        "tensor_parallel_size": get_tensor_model_parallel_world_size(),
         "kv_cache": {
             "tokens": int(kv_tokens),
             "bytes_per_token": runner.block_bytes // runner.block_size,

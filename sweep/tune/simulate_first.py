@@ -6,7 +6,8 @@ max-load search or fixed-load point), into `trial_NNNN/simulated/`. `SimulateFir
 configuration for real only when the prediction is promising: a configuration predicted infeasible (it cannot
 hold a sequence, or misses the attainment target at every load for max-load and cost) or worse than the best
 measured trial so far by more than `margin` is recorded as PRUNED, with its prediction and the reason, and never
-launched. Every trial, launched or not, keeps `predicted_values` (and the predicted decisive point's metrics in
+launched. A configuration the profile did not measure (another tensor-parallel size, say) is launched
+unpredicted. Every trial keeps `predicted_values` (and the predicted decisive point's metrics in
 `predicted_metrics`), so the report shows predicted against measured for every launched trial.
 """
 
@@ -28,6 +29,10 @@ from sweep.tune.study import TuneObjective, _decisive_point, _point_summary, fea
 PRUNED_STATUS = "pruned by simulation"
 
 
+class Unpredictable(RuntimeError):
+    """The profile did not measure this configuration (another model, dtype, device or tensor-parallel size)."""
+
+
 class SimulatedBackend:
     """A `TrialBackend` that simulates each configuration with a `bench profile` cost model."""
 
@@ -44,6 +49,13 @@ class SimulatedBackend:
         from sweep.simulate_run import SimulateConfig, Simulator
 
         w = self.workload
+        from sweep.simulate_run import PROFILE_FIXED_KNOBS
+
+        wanted = {**self.extra_knobs, **knobs, "model": w.model}
+        for name in PROFILE_FIXED_KNOBS:
+            profiled = self.profile.knobs.get(name)
+            if wanted.get(name) is not None and profiled is not None and wanted[name] != profiled:
+                raise Unpredictable(f"the profile measured {name}={profiled}, this configuration has {wanted[name]}")
         config = SimulateConfig(
             output_dir=trial_dir / "simulated",
             profile=self.profile,
@@ -92,6 +104,9 @@ class SimulateFirstObjective(TuneObjective):
                 prediction = evaluate(self.spec, for_repeat(0))
         except Infeasible as err:
             return self._prune(trial, knobs, None, f"predicted infeasible: {err}")
+        except Unpredictable as err:  # no prediction: the configuration runs for real
+            trial.set_user_attr("prediction", f"none: {err}")
+            return super()._run(trial)
         trial.set_user_attr("predicted_values", prediction.values)
         decisive = _decisive_point(self.spec, prediction)
         if decisive is not None:

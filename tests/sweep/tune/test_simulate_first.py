@@ -12,18 +12,19 @@ from tune_fakes import FakeBackend
 from sweep.simulate_run import load_profile
 from sweep.tune.backend import TrialWorkload
 from sweep.tune.objective import NO_COST, Infeasible, ObjectiveSpec, fixed_load_evaluation
-from sweep.tune.simulate_first import PRUNED_STATUS, SimulatedBackend, SimulateFirstObjective
+from sweep.tune.simulate_first import PRUNED_STATUS, SimulatedBackend, SimulateFirstObjective, Unpredictable
 from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import best_trials, open_study, run_study, storage_url
 
 DEVICE = DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100)
 
 
-def space(tmp_path: Path):
+def space(tmp_path: Path, tensor_parallel_size: int = 1):
     path = tmp_path / "space.json"
     path.write_text('{"max_num_seqs": {"choices": [1, 2, 4, 8]}, "block_size": {"fixed": 16},'
                     '"max_num_batched_tokens": {"fixed": 2048}, "enable_chunked_prefill": {"fixed": true},'
                     '"enable_prefix_caching": {"fixed": true}, "gpu_memory_utilization": {"fixed": 0.9},'
+                    f'"tensor_parallel_size": {{"fixed": {tensor_parallel_size}}},'
                     '"max_model_len": null}')  # fmt: skip
     return build_space(DEVICE, path)
 
@@ -118,3 +119,24 @@ def test_tune_command_checks_the_profile_and_the_price_before_any_trial(tmp_path
     result = CliRunner().invoke(app, [*base, "--objective", "cost"])
     assert result.exit_code == 2 and "needs --cost-per-hour" in result.output
     assert not (tmp_path / "out" / "tune.db").exists()
+
+
+def test_a_configuration_the_profile_did_not_measure_is_launched_unpredicted(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kind": "servelab-step-profile", "knobs": {"model": "tiny-random", "tensor_parallel_size": 1},
+        "kv_cache": {"tokens": 4096}, "cost_model": {"coefficients": {"overhead": 0.01}},
+    }))  # fmt: skip
+    simulator = SimulatedBackend(load_profile(profile), TrialWorkload(model="tiny-random", input_len=16, output_len=4))
+    with pytest.raises(Unpredictable, match="tensor_parallel_size=1"):
+        with simulator.launch({"tensor_parallel_size": 2}, tmp_path / "t"):
+            pass
+    real = FakeBackend(capacity)
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "sf3", spec, seed=0, info={})
+    study.enqueue_trial({"max_num_seqs": 2})
+    objective = SimulateFirstObjective(space(tmp_path, tensor_parallel_size=2), spec, real, tmp_path,
+                                       simulator=simulator)  # fmt: skip
+    run_study(study, objective, 1, None, show_progress=False)
+    (trial,) = study.get_trials()
+    assert real.launched and trial.state == TrialState.COMPLETE and trial.user_attrs["prediction"].startswith("none")
