@@ -171,7 +171,10 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
     latencies = data.get("latencies") or [None] * n
     starts = data.get("start_times") or [None] * n
     queues = data.get("queue_times") or [None] * n
-    label = point_label(data.get("max_concurrency"), data.get("request_rate", "inf"))
+    rate = data.get("request_rate", "inf")
+    open_loop = rate not in (None, "inf") and math.isfinite(float(rate))
+    # a finite rate is a rate point even with a --max-concurrency cap; rate=inf with a cap is a closed loop
+    label = point_label(None if open_loop else data.get("max_concurrency"), rate)
     rows = []
     for i in range(n):
         ok = not data["errors"][i]
@@ -211,7 +214,9 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
         if not isinstance(value, (list, dict)) and key not in ("date", "endpoint_type", "backend", "model_id")
     }
     point.update(label=label, max_concurrency=data.get("max_concurrency"), request_rate=data.get("request_rate", "inf"))
-    recomputed = point_metrics(requests, float(data["duration"]), percentiles)
+    recomputed = point_metrics(
+        requests, float(data["duration"]), percentiles, None, data.get("max_concurrency"), data.get("request_rate")
+    )
     for key, value in recomputed.items():
         point.setdefault(key, value)  # keep vLLM's own figures; fill what it did not print (e.g. E2EL)
     config = {
@@ -219,7 +224,7 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
         "created": data.get("date"),
         "target": {"model": data.get("model_id"), "backend": data.get("backend"), "engine_knobs": {}},
         "workload": {"tokenizer_id": data.get("tokenizer_id"), "num_prompts": data.get("num_prompts")},
-        "sweep": {"mode": "concurrency" if data.get("max_concurrency") is not None else "rate"},
+        "sweep": {"mode": "rate" if open_loop or data.get("max_concurrency") is None else "concurrency"},
         "slo": None,
         "percentiles": list(percentiles),
         "command": "vllm bench serve",
@@ -266,7 +271,7 @@ def import_guidellm(data: dict[str, Any], path: Path) -> RunData:
             duration = bench["end_time"] - bench["start_time"]
         if duration is None:
             duration = float(requests["end_time"].max() - requests["send_time"].min())
-        point = point_metrics(requests, float(duration), DEFAULT_PERCENTILES)
+        point = point_metrics(requests, float(duration), DEFAULT_PERCENTILES, None, concurrency, rate)
         for key in [k for k in point if k.endswith("_itl_ms")]:
             point[key] = float("nan")
         point.update(

@@ -43,6 +43,10 @@ def _xy(run: RunData, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _use_log_x(ax, runs: list[RunData]) -> None:
+    """Log2 load axis for wide sweeps, only on an axis that plots data: an empty log axis (attainment without an
+    SLO, say) makes matplotlib fail with "Data cannot be log-scaled because all values are <= 0"."""
+    if not (np.isfinite(ax.dataLim.x0) and ax.dataLim.x0 > 0):
+        return
     loads = np.concatenate([r.load_values().to_numpy(dtype=float) for r in runs])
     loads = loads[np.isfinite(loads) & (loads > 0)]
     if loads.size and loads.max() / loads.min() >= 8:

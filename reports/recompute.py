@@ -21,6 +21,7 @@ from sweep.benchmark_metrics import (
     calculate_metrics,
     is_good,
     percentile_name,
+    queue_inclusive_applies,
     request_tpot,
 )
 from sweep.benchmark_metrics import parse_slo as parse_slo  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
@@ -85,6 +86,7 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
                 requested_output_len=_int(row.get("requested_output_len")),
                 intended_send_time=_scalar(row.get("intended_send_time")),
                 send_time=send if send is not None else 0.0,
+                sent=bool(_scalar(row.get("sent"))) if _scalar(row.get("sent")) is not None else True,
                 success=bool(_scalar(row.get("success"))),
                 error=_scalar(row.get("error")),
                 first_token_time=_scalar(row.get("first_token_time")),
@@ -144,10 +146,16 @@ def point_metrics(
     duration: float,
     percentiles: Iterable[float] = DEFAULT_PERCENTILES,
     slo: Mapping[str, float] | None = None,
+    max_concurrency: int | None = None,
+    request_rate: float | str | None = None,
 ) -> dict[str, float | int | None]:
-    """One point's vLLM result fields from its per-request rows (`sweep.benchmark_metrics.calculate_metrics`)."""
+    """One point's vLLM result fields from its per-request rows (`sweep.benchmark_metrics.calculate_metrics`).
+
+    Queue-inclusive latency by the sweep's rule: only for an open loop (`request_rate`) with a `max_concurrency`."""
     records = records_from_rows(rows)
-    queue_inclusive = bool(records) and all(r.intended_send_time is not None for r in records)
+    queue_inclusive = queue_inclusive_applies(max_concurrency, request_rate) and all(
+        r.intended_send_time is not None for r in records
+    )
     return calculate_metrics(records, duration, tuple(percentiles), normalize_slo(slo), queue_inclusive)
 
 

@@ -57,7 +57,7 @@ def render_report(
 
 
 def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | None, progress) -> list[Section]:
-    from reports import plots
+    from reports import plots, server_plots
 
     first = runs[0]
     label = timeline_point or str(first.points["label"].iloc[-1])
@@ -87,6 +87,10 @@ def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | No
         ("ttft_decomposition", "TTFT decomposition",
          "Mean server queue, prefill and the rest (network + client) from the server's timing field.",
          lambda: plots.ttft_breakdown(runs)),
+        ("server_metrics", "Server-side metrics against load",
+         "From the target's Prometheus /metrics, scraped over each point: counter deltas (prefix-cache hit rate, "
+         "preemptions, speculative acceptance) and gauges sampled while it ran, beside the client's TTFT.",
+         lambda: server_plots.server_metrics_vs_load(runs)),
         ("fidelity", "Workload fidelity", "Requested against realised token counts (server usage), per request.",
          lambda: plots.fidelity(runs)),
     ]

@@ -12,9 +12,16 @@
   `request_goodput` = good / duration; `slo_attainment` = good / (completed + failed), so failures are misses
   (DistServe's attainment; AIPerf's `good_request_fraction`).
 
+Queue-inclusive latency, as vLLM reports it (vllm#54101) and only where it means something, an open loop with a
+concurrency cap (`queue_inclusive_applies`): `client_queue_time` (intended send -> actual send) and
+`e2el_including_client_queue` (intended send -> last token) over successful requests. In a closed loop every
+request is "due" at the start, so the same figures would only measure how long the point ran.
+
+Requests that were due but never sent (still waiting for a slot when `--duration` ended) are records with
+`sent = False`: not `completed`, not `failed` (nothing reached the server), counted in `not_sent`, and misses
+in `slo_attainment`'s denominator.
+
 Additions beyond vLLM (all optional fields of the results contract):
-- Queue-inclusive latency: `queued_ttft_ms` and `queued_e2el_ms` measured from the *intended* send time,
-  so a concurrency cap or a lagging client cannot hide queueing (coordinated omission, vllm#54101).
 - TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
   `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
   detokenisation and client).
@@ -22,6 +29,7 @@ Additions beyond vLLM (all optional fields of the results contract):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,6 +122,13 @@ def ttft_decomposition(record: RequestRecord) -> tuple[float, float, float] | No
     return queue, prefill, record.ttft - queue - prefill  # type: ignore[operator]
 
 
+def queue_inclusive_applies(max_concurrency: int | None, request_rate: float | str | None) -> bool:
+    """The one rule for reporting queue-inclusive latency: an open loop (finite rate) with a concurrency cap."""
+    if max_concurrency is None or request_rate in (None, "inf"):
+        return False
+    return math.isfinite(float(request_rate))
+
+
 def peaks(ok: Sequence[RequestRecord]) -> dict[str, float | int]:
     """vLLM's `max_output_tokens_per_s` (the busiest 1-s bucket, counted from the first send) and
     `max_concurrent_requests` (the sweep-line peak of [send, last token)). Unlike vLLM, tokens are weighted by
@@ -143,7 +158,8 @@ def calculate_metrics(
 ) -> dict[str, float | int | None]:
     """One point's metrics under vLLM's field names. `records` must have token counts resolved."""
     ok = [r for r in records if r.success]
-    failed = len(records) - len(ok)
+    not_sent = sum(not r.sent for r in records)
+    failed = len(records) - len(ok) - not_sent
     output_lens = [r.output_tokens or 0 for r in ok]
     total_input = sum(r.prompt_tokens or 0 for r in ok)
     total_output = sum(output_lens)
@@ -152,6 +168,7 @@ def calculate_metrics(
     metrics: dict[str, float | int | None] = {
         "completed": len(ok),
         "failed": failed,
+        "not_sent": not_sent,
         "duration": duration,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
@@ -181,9 +198,10 @@ def calculate_metrics(
         metrics.update(
             _stats(
                 {
-                    "queued_ttft": [r.first_token_time - r.intended_send_time for r in ok],  # type: ignore[misc]
-                    "queued_e2el": [r.last_token_time - r.intended_send_time for r in ok],  # type: ignore[misc]
-                    "client_queue": [r.send_time - r.intended_send_time for r in records],
+                    "client_queue_time": [r.send_time - r.intended_send_time for r in ok],
+                    "e2el_including_client_queue": [
+                        r.last_token_time - r.intended_send_time for r in ok  # type: ignore[operator]
+                    ],
                 },
                 percentiles,
             )

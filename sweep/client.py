@@ -135,7 +135,7 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
         headers["Authorization"] = f"Bearer {config.api_key}"
     body = json.dumps(build_payload(config, request))
     text_parts: list[str] = []
-    previous_completion_tokens = 0
+    counted_tokens = 0
     record.send_time = time.perf_counter()
     try:
         async with session.post(config.request_url, data=body, headers=headers) as response:
@@ -145,12 +145,16 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
                 return record
             parser = SSEParser()
             done = False
+            # Read the body to its end, past [DONE]: leaving before the chunked terminator arrives makes aiohttp
+            # close the connection, and the next request on this slot would pay a new TCP (or TLS) handshake.
             async for raw in response.content.iter_any():
                 now = time.perf_counter()
                 for data in parser.feed(raw):
+                    if done:
+                        continue  # nothing after [DONE] is part of the response
                     if data.strip() == "[DONE]":
                         done = True
-                        break
+                        continue
                     message = json.loads(data)
                     if "error" in message and not message.get("choices"):
                         error = message["error"]
@@ -169,17 +173,17 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
                     chunk_text = "".join(_choice_text(c) for c in choices)
                     text_parts.append(chunk_text)
                     if usage and usage.get("completion_tokens") is not None:
-                        tokens = usage["completion_tokens"] - previous_completion_tokens
-                        previous_completion_tokens = usage["completion_tokens"]
+                        # Usage is cumulative: this chunk carries what it adds beyond the tokens counted so far
+                        # (a server that reports usage only on its last token chunk must not count twice).
+                        tokens = max(0, usage["completion_tokens"] - counted_tokens)
                     else:
                         tokens = 1 if chunk_text else 0
+                    counted_tokens += tokens
                     if record.first_token_time is None:
                         record.first_token_time = now
                     record.last_token_time = now
                     record.chunk_times.append(now)
                     record.chunk_tokens.append(tokens)
-                if done:
-                    break
             for data in parser.flush():
                 if data.strip() != "[DONE]":
                     record.error = f"IncompleteStream: trailing unparsed event {data[:100]!r}"
@@ -214,7 +218,7 @@ def count_tokens(records: list[RequestRecord], tokenizer: Any | None, prompts: d
                     record.client_prompt_tokens = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
         if record.usage_output_tokens:
             record.output_tokens = record.usage_output_tokens
-        elif record.client_output_tokens:
+        elif record.client_output_tokens is not None:  # vLLM: an empty re-tokenisation is 0 tokens, not 1
             record.output_tokens = record.client_output_tokens
         else:
             record.output_tokens = sum(record.chunk_tokens) or (1 if record.success else 0)

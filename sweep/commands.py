@@ -48,6 +48,21 @@ def sweep(
     request_rate: str | None = typer.Option(
         None, help="Open-loop request rates (req/s) per point, e.g. 1,2,4.", rich_help_panel=LOAD_PANEL
     ),
+    replay: bool = typer.Option(
+        False, "--replay", help="Send each request at its trace timestamp (a workload with timestamps).",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    time_scale: str = typer.Option(
+        "1", help="--replay: trace time multipliers per point (2 = half speed, 0.5 = double), e.g. 1,0.5.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    ramp_up_strategy: str | None = typer.Option(
+        None, help="One open-loop point whose rate ramps (vLLM): linear | exponential.", rich_help_panel=LOAD_PANEL
+    ),
+    ramp_up_start_rps: float | None = typer.Option(None, help="Ramp-up: the first request's rate.",
+                                                   rich_help_panel=LOAD_PANEL),
+    ramp_up_end_rps: float | None = typer.Option(None, help="Ramp-up: the last request's rate.",
+                                                 rich_help_panel=LOAD_PANEL),
     burstiness: float = typer.Option(
         1.0, help="Gamma shape of inter-arrival times (1 = Poisson).", rich_help_panel=LOAD_PANEL
     ),
@@ -61,6 +76,21 @@ def sweep(
     num_warmups: int = typer.Option(
         0, help="Warm-up requests per point (distinct prompts, not measured).", rich_help_panel=LOAD_PANEL
     ),
+    turns: int = typer.Option(
+        1, help="Multi-turn sessions (--endpoint chat): turns per conversation, each carrying the history; "
+        "the load counts sessions.", rich_help_panel=LOAD_PANEL,
+    ),
+    think_time: float = typer.Option(
+        0.0, help="Seconds between a turn's response and the session's next turn.", rich_help_panel=LOAD_PANEL
+    ),
+    warmup_seconds: float = typer.Option(
+        0.0, help="Steady-state window: leave the point's first S seconds out of its `steady` figures.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    cooldown_seconds: float = typer.Option(
+        0.0, help="Steady-state window: leave the point's last S seconds (the drain) out of `steady`.",
+        rich_help_panel=LOAD_PANEL,
+    ),
     reset_prefix_cache: bool = typer.Option(
         False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
     ),
@@ -69,6 +99,10 @@ def sweep(
     ),
     attainment: float = typer.Option(
         0.9, help="SLO attainment goal for --max-load-under-slo.", rich_help_panel=LOAD_PANEL
+    ),
+    search_repeats: int = typer.Option(
+        0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
+        "load with an interval.", rich_help_panel=LOAD_PANEL,
     ),
     slo: str | None = typer.Option(None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
     percentiles: str = typer.Option("50,90,99", help="Percentiles to report."),
@@ -118,6 +152,9 @@ def sweep(
         1, help="Measure every point this many times, interleaved (repeat k runs all points before k+1); "
         "`bench gate` resamples repeats to see between-run noise."
     ),
+    server_metrics: bool = typer.Option(
+        True, "--server-metrics/--no-server-metrics", help="Scrape the target's /metrics over each point."
+    ),
     ignore_eos: bool = typer.Option(
         True, "--ignore-eos/--no-ignore-eos", help="Run outputs to the workload's lengths."
     ),
@@ -137,9 +174,19 @@ def sweep(
     from sweep.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig, run_sweep
 
-    if (concurrency is None) == (request_rate is None):
-        _fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
-    mode = "concurrency" if concurrency is not None else "rate"
+    ramp = None
+    if ramp_up_strategy is not None:
+        if request_rate is not None or concurrency is not None or replay:
+            _fail("--ramp-up-strategy replaces --request-rate (as in vLLM); drop --request-rate/--concurrency/--replay")
+        if ramp_up_start_rps is None or ramp_up_end_rps is None:
+            _fail("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+        ramp = (ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
+        request_rate = str(ramp_up_end_rps)
+    if (concurrency is not None) + (request_rate is not None) + replay != 1:
+        _fail("give exactly one of --concurrency 1,2,4, --request-rate 1,2,4, --replay or --ramp-up-strategy")
+    mode = "concurrency" if concurrency is not None else "rate" if request_rate is not None else "replay"
+    loads = {"concurrency": (concurrency, "--concurrency"), "rate": (request_rate, "--request-rate"),
+             "replay": (time_scale, "--time-scale")}[mode]
     if url is not None and engine_knobs:
         _fail("engine knobs apply only to the built-in engine; drop them or drop --url")
     shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
@@ -148,9 +195,7 @@ def sweep(
         config = SweepConfig(
             output_dir=output_dir,
             mode=mode,
-            values=_floats(
-                concurrency if mode == "concurrency" else request_rate, f"--{mode.replace('rate', 'request-rate')}"
-            ),
+            values=_floats(*loads),
             url=url,
             model=model,
             tokenizer=tokenizer,
@@ -176,10 +221,17 @@ def sweep(
             percentiles=_floats(percentiles, "--percentiles"),
             max_load_under_slo=max_load_under_slo,
             attainment=attainment,
+            search_repeats=search_repeats,
             resume=resume,
             client_procs=client_procs,
             repeats=repeats,
             calibration=calibration,
+            server_metrics=server_metrics,
+            ramp_up=ramp,
+            turns=turns,
+            think_time_s=think_time,
+            warmup_seconds=warmup_seconds,
+            cooldown_seconds=cooldown_seconds,
             ignore_eos=ignore_eos,
             temperature=temperature,
             cost_per_hour=cost_per_hour,

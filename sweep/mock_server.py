@@ -3,7 +3,8 @@
 Each request's first token leaves `ttft_ms` after the request arrives and token k (0-based) leaves at
 `ttft_ms + k * itl_ms`, on an absolute schedule so timer slack does not accumulate. Output length is
 `max_tokens` (or `max_completion_tokens`), capped by `output_len` when that is set. It serves
-/v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health and /reset_prefix_cache,
+/v1/completions and /v1/chat/completions (streaming or not), /v1/models, /health, /reset_prefix_cache and
+/metrics (requests running, prompt and generated tokens under vLLM's names),
 returns usage (and per-chunk usage with `stream_options.continuous_usage_stats`), and a `servelab` timing
 field shaped like the built-in server's, so the client's TTFT decomposition can be tested.
 """
@@ -68,6 +69,9 @@ class MockServer:
         self.config = config
         self.num_requests = 0
         self.num_resets = 0
+        self.num_running = 0  # /metrics, under vLLM's names: what the mock really did, nothing simulated
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
 
     def protocol(self) -> _HttpConnection:
         return _HttpConnection(self)
@@ -78,6 +82,8 @@ class MockServer:
             conn.respond(200, b"")
         elif method == "GET" and path == "/v1/models":
             conn.respond_json(200, {"object": "list", "data": [{"id": self.config.model, "object": "model"}]})
+        elif method == "GET" and path == "/metrics":
+            conn.respond(200, self.metrics_text().encode(), "text/plain; version=0.0.4")
         elif method == "POST" and path == "/reset_prefix_cache":
             self.num_resets += 1
             conn.respond(200, b"")
@@ -86,7 +92,26 @@ class MockServer:
         else:
             conn.respond_json(404, {"error": {"message": f"no route {method} {path}"}})
 
+    def metrics_text(self) -> str:
+        """Prometheus text: requests in flight, prompt and generated tokens (counted when a request ends)."""
+        model = f'model_name="{self.config.model}"'
+        return (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{{{model}}} {self.num_running}\n"
+            "# TYPE vllm:prompt_tokens counter\n"
+            f"vllm:prompt_tokens_total{{{model}}} {self.prompt_tokens}\n"
+            "# TYPE vllm:generation_tokens counter\n"
+            f"vllm:generation_tokens_total{{{model}}} {self.generation_tokens}\n"
+        )
+
     async def generate(self, conn: _HttpConnection, raw: bytes, arrival: float, chat: bool) -> None:
+        self.num_running += 1
+        try:
+            await self._generate(conn, raw, arrival, chat)
+        finally:
+            self.num_running -= 1
+
+    async def _generate(self, conn: _HttpConnection, raw: bytes, arrival: float, chat: bool) -> None:
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -127,6 +152,8 @@ class MockServer:
                     "servelab": timing,
                 },
             )
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += n
             return
         options = body.get("stream_options") or {}
         conn.start_stream()
@@ -159,6 +186,8 @@ class MockServer:
             )
         conn.send_event("[DONE]")
         conn.end_stream()
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += n
 
 
 class _HttpConnection(asyncio.Protocol):

@@ -19,6 +19,7 @@ class RequestRecord:
     requested_output_len: int
     intended_send_time: float
     send_time: float = 0.0
+    sent: bool = True  # False: due, but still waiting for a concurrency slot when --duration ended
     success: bool = False
     error: str | None = None
     first_token_time: float | None = None
@@ -33,6 +34,8 @@ class RequestRecord:
     client_prompt_tokens: int | None = None
     client_output_tokens: int | None = None
     server_timing: dict | None = None
+    session: int | None = None  # multi-turn (sweep.sessions): the conversation and the turn in it
+    turn: int | None = None
     generated_text: str = ""  # kept in memory for re-tokenising, not written
 
     @property

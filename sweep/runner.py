@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
 from sweep.records import RequestRecord
+from sweep.server_metrics import ServerMetricsSampler
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
+RAMP_STRATEGIES = ("linear", "exponential")
 
 
 @dataclass
@@ -51,17 +54,30 @@ class PointSpec:
     num_prompts: int | None = None
     duration: float | None = None
     num_warmups: int = 0
+    time_scale: float = 1.0  # replay: trace time multiplier (sweep.replay)
+    ramp: tuple[str, float, float] | None = None  # rate mode: vLLM's ramp-up (strategy, start rps, end rps)
+    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions); the load counts sessions
+    think_time_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.mode not in ("concurrency", "rate"):
-            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
+        if self.mode not in ("concurrency", "rate", "replay"):
+            raise ValueError(f"mode must be 'concurrency', 'rate' or 'replay', got {self.mode!r}")
+        if self.mode == "replay" and not self.time_scale > 0:
+            raise ValueError(f"--time-scale must be > 0, got {self.time_scale}")
         if self.mode == "concurrency" and (self.concurrency is None or self.concurrency < 1):
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.mode == "rate" and not self.rate > 0:
             raise ValueError(f"request rate must be > 0, got {self.rate}")
+        if self.ramp is not None and (self.ramp[0] not in RAMP_STRATEGIES or not 0 < self.ramp[1] <= self.ramp[2]):
+            raise ValueError(
+                f"ramp-up needs a strategy in {RAMP_STRATEGIES} and 0 < --ramp-up-start-rps <= --ramp-up-end-rps, "
+                f"got {self.ramp}"
+            )
+        if self.turns < 1 or self.think_time_s < 0:
+            raise ValueError(f"--turns must be >= 1 and --think-time >= 0, got {self.turns}, {self.think_time_s}")
         if self.burstiness <= 0:
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
-        if self.num_prompts is None and self.duration is None:
+        if self.num_prompts is None and self.duration is None and self.mode != "replay":
             raise ValueError("give --num-prompts or --duration for each point")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ValueError(f"num_prompts must be >= 1, got {self.num_prompts}")
@@ -94,6 +110,7 @@ class PointRun:
     duration: float
     fit_report: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    server_metrics: dict[str, Any] | None = None  # sweep.server_metrics: /metrics deltas over the point
 
 
 def build_prompts(
@@ -125,21 +142,43 @@ def build_prompts(
 
 
 def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
-    """Send times in seconds from t0 on an absolute schedule."""
-    if spec.mode == "concurrency" or math.isinf(spec.rate):
+    """Send times in seconds from t0 on an absolute schedule, as vLLM's `get_request` builds it: n gamma gaps
+    (shape `burstiness`, mean 1/rate), the first send one gap after t0, rescaled so the last send is at exactly
+    n / rate (no seed-dependent drift of a few percent in the offered rate)."""
+    if spec.mode == "concurrency" or (math.isinf(spec.rate) and spec.ramp is None) or n == 0:
         return [0.0] * n
-    import workloads
+    rng = np.random.default_rng(seed)
+    if spec.ramp is not None:  # vLLM's ramp-up: gap i drawn at the rate reached at progress i / (n - 1), no rescale
+        strategy, start, end = spec.ramp
+        progress = np.arange(n) / max(n - 1, 1)
+        rates = start + (end - start) * progress if strategy == "linear" else start * (end / start) ** progress
+        return np.cumsum(rng.gamma(shape=spec.burstiness, size=n) / (rates * spec.burstiness)).tolist()
+    offsets = np.cumsum(rng.gamma(shape=spec.burstiness, scale=1.0 / (spec.rate * spec.burstiness), size=n))
+    if offsets[-1] > 0:
+        offsets *= n / spec.rate / offsets[-1]
+    return offsets.tolist()
 
-    if spec.burstiness == 1.0:
-        offsets = workloads.arrivals.poisson(spec.rate, n, seed=seed)
-    else:
-        offsets = workloads.arrivals.gamma(spec.rate, spec.burstiness, n, seed=seed)
-    # As vLLM does, rescale so the schedule's mean rate is exactly the offered one (no seed-dependent drift of
-    # a few percent): n - 1 gaps span (n - 1) / rate seconds.
-    if n > 1 and offsets[-1] > 0:
-        scale = (n - 1) / spec.rate / offsets[-1]
-        offsets = [o * scale for o in offsets]
-    return list(offsets)
+
+def not_sent_records(
+    spec: PointSpec, prompts: list[PromptRequest], offsets: list[float], t0: float, records: list[RequestRecord]
+) -> list[RequestRecord]:
+    """Open loop: every scheduled request that got no record was due before the end and never sent (it still
+    waited for a concurrency slot when --duration ended). It is recorded, with its due time, as not sent."""
+    if spec.mode == "concurrency" or (spec.mode == "rate" and math.isinf(spec.rate)):
+        return []  # a closed loop's unused pool prompts were never due
+    sent = {r.index for r in records}
+    return [
+        RequestRecord(
+            index=p.index,
+            requested_input_len=p.input_len,
+            requested_output_len=p.output_len,
+            intended_send_time=t0 + offset,
+            sent=False,
+            error="NotSent: due before --duration ended, still waiting for a --max-concurrency slot",
+        )
+        for p, offset in zip(prompts, offsets, strict=True)
+        if p.index not in sent
+    ]
 
 
 def schedule(spec: PointSpec, prompts: list[PromptRequest], seed: int = 0) -> list[float]:
@@ -224,6 +263,8 @@ async def _run_point_async(
     warmups: list[PromptRequest],
     reset_cache: bool,
     on_done: Callable[[], None] | None,
+    sampler: ServerMetricsSampler | None = None,
+    sessions: list[list[PromptRequest]] | None = None,
 ) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
     extras: dict[str, Any] = {}
     async with make_session() as session:
@@ -234,11 +275,22 @@ async def _run_point_async(
             warm_cap = min(spec.concurrency or len(warmups), len(warmups))
             warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), warm_cap, None)
             extras["warmup_failed"] = sum(not r.success for r in warm)
+        if sampler is not None:
+            sampler.begin()
         t0 = time.perf_counter() + START_DELAY_S
         stop_at = t0 + spec.duration if spec.duration is not None else None
         cpu_start = time.process_time()
-        records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
+        if sessions is not None:
+            from sweep.sessions import dispatch_sessions
+
+            records = await dispatch_sessions(
+                session, client, sessions, offsets, t0, spec.concurrency, stop_at, spec.think_time_s, on_done
+            )
+        else:
+            records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
         extras["client_cpu_s"] = time.process_time() - cpu_start
+        if sampler is not None:
+            extras["server_metrics"] = sampler.end()
     end = max((r.end_time or r.send_time for r in records), default=t0)
     return records, t0, end - t0, extras
 
@@ -252,31 +304,62 @@ def run_point(
     reset_cache: bool = False,
     client_procs: int = 1,
     on_done: Callable[[], None] | None = None,
+    server_metrics: bool = False,
 ) -> PointRun:
-    """Prepare, warm up and measure one point; token counts resolved, ready for `calculate_metrics`."""
-    specs, prompts, fit_report = build_prompts(workload, tokenizer, spec.pool_size, salt=f"{salt}-{spec.label}")
+    """Prepare, warm up and measure one point; token counts resolved, ready for `calculate_metrics`.
+    With `server_metrics`, the target's /metrics is scraped over the point (`sweep.server_metrics`)."""
+    sampler = ServerMetricsSampler(client.url, client.api_key) if server_metrics else None
+    sessions: list[list[PromptRequest]] | None = None
+    if spec.mode == "replay":
+        from sweep.replay import build_replay_prompts
+
+        specs, prompts, fit_report, offsets = build_replay_prompts(
+            workload, tokenizer, spec.time_scale, spec.num_prompts, spec.duration, salt=f"{salt}-{spec.label}"
+        )
+    elif spec.turns > 1:
+        from sweep.sessions import group_sessions
+
+        if client_procs > 1:
+            raise ValueError("multi-turn sessions run in one client process; drop --client-procs")
+        pool = spec.pool_size * (spec.turns if spec.num_prompts is None else 1)  # duration: pool_size sessions
+        specs, prompts, fit_report = build_prompts(workload, tokenizer, pool, salt=f"{salt}-{spec.label}")
+        sessions = group_sessions(prompts, spec.turns)
+        offsets = schedule(spec, [s[0] for s in sessions], workload.seed)
+        del sessions[len(offsets) :]
+    else:
+        specs, prompts, fit_report = build_prompts(workload, tokenizer, spec.pool_size, salt=f"{salt}-{spec.label}")
+        offsets = schedule(spec, prompts, workload.seed)
     warmups: list[PromptRequest] = []
     if spec.num_warmups:
         _, warmups, _ = build_prompts(
             workload, tokenizer, spec.num_warmups, salt=f"{salt}-{spec.label}-warmup", seed_offset=1_000_003
         )
-    offsets = schedule(spec, prompts, workload.seed)
     if client_procs > 1:
         from sweep.multiproc import run_point_sharded
 
         records, t0, duration, extras = run_point_sharded(
-            client, spec, prompts, offsets, warmups, reset_cache, client_procs, on_done
+            client, spec, prompts, offsets, warmups, reset_cache, client_procs, on_done, sampler
         )
     else:
         records, t0, duration, extras = asyncio.run(
-            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done)
+            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done, sampler, sessions)
         )
-    closed_loop = spec.mode == "concurrency" or math.isinf(spec.rate)
+    point_server_metrics = extras.pop("server_metrics", None)
+    if sessions is not None:  # the turns as sent (history included); a session never started: its first turn
+        prompts = [turn for turns in sessions for turn in turns]
+        records += not_sent_records(spec, [turns[0] for turns in sessions], offsets, t0, records)
+    else:
+        records += not_sent_records(spec, prompts, offsets, t0, records)
+    closed_loop = spec.mode == "concurrency" or (spec.mode == "rate" and math.isinf(spec.rate))
     if closed_loop and spec.duration is not None and spec.num_prompts is None and len(records) == len(prompts):
         extras["pool_exhausted"] = duration < spec.duration  # closed loop ran out of prompts before the end
     by_index = {p.index: p for p in prompts}
     count_tokens(records, tokenizer, by_index)
     sent = {r.index for r in records}
+    if spec.mode == "replay":
+        from sweep.replay import offered_rate
+
+        extras["replayed_rate"] = offered_rate(offsets)
     return PointRun(
         spec=spec,
         records=sorted(records, key=lambda r: r.index),
@@ -286,4 +369,5 @@ def run_point(
         duration=duration,
         fit_report=fit_report,
         extras=extras,
+        server_metrics=point_server_metrics,
     )

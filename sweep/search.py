@@ -40,6 +40,7 @@ class Probe:
     value: float
     attainment: float
     passed: bool
+    repeat: int = 0  # 0: the search's own probe; r > 0: a repeat near the boundary (`confirm_boundary`)
 
 
 @dataclass
@@ -50,6 +51,10 @@ class SearchResult:
     bracket: tuple[float | None, float | None]  # (largest passing, smallest failing)
     probes: list[Probe] = field(default_factory=list)
     converged: bool = False
+    # with repeats: (largest load that passed every measurement, smallest that failed every one); loads with
+    # mixed results lie inside and are listed in `uncertain`
+    interval: tuple[float | None, float | None] | None = None
+    uncertain: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,3 +103,28 @@ def max_load_under_slo(config: SearchConfig, measure: Callable[[float], float]) 
     return SearchResult(
         mode=config.mode, goal=config.attainment, best=lo, bracket=(lo, hi), probes=probes, converged=converged
     )
+
+
+def confirm_boundary(result: SearchResult, repeats: int, measure: Callable[[float, int], float]) -> SearchResult:
+    """Measure the bracket's two loads `repeats` more times each (`measure(load, repeat)`), then report the max load
+    with an interval: the largest load that passed every one of its measurements (`best`), and the smallest that
+    failed every one. A load with mixed results is `uncertain` and lies inside the interval; when the passing end
+    of the bracket turns out uncertain, `best` falls back to the largest load below it that always passed."""
+    if repeats < 1 or result.best is None and result.bracket[1] is None:
+        return result
+    for value in [v for v in result.bracket if v is not None]:
+        for r in range(1, repeats + 1):
+            attainment = measure(value, r)
+            result.probes.append(Probe(value=value, attainment=attainment, passed=attainment >= result.goal, repeat=r))
+    outcomes: dict[float, list[bool]] = {}
+    for probe in result.probes:
+        outcomes.setdefault(probe.value, []).append(probe.passed)
+    always_pass = [v for v, o in outcomes.items() if all(o)]
+    always_fail = [v for v, o in outcomes.items() if not any(o)]
+    result.uncertain = sorted(v for v, o in outcomes.items() if any(o) and not all(o))
+    result.best = max(always_pass, default=None)
+    result.interval = (
+        result.best,
+        min((v for v in always_fail if result.best is None or v > result.best), default=None),
+    )
+    return result

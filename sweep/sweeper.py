@@ -26,13 +26,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweep import results
-from sweep.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.benchmark_metrics import (
+    DEFAULT_PERCENTILES,
+    calculate_metrics,
+    percentile_name,
+    queue_inclusive_applies,
+)
 from sweep.client import ClientConfig
 from sweep.launcher import ServerProcess, launch
+from sweep.point_fields import extra_point_fields
 from sweep.records import RequestRecord
 from sweep.repeats import pooled_point, repeat_order
 from sweep.runner import PointRun, PointSpec, WorkloadConfig, build_prompts, run_point
-from sweep.search import SearchConfig, SearchResult, max_load_under_slo
+from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
 
 
 @dataclass
@@ -60,10 +66,17 @@ class SweepConfig:
     max_load_under_slo: bool = False
     attainment: float = 0.9
     max_load: float = 4096.0
+    search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
     resume: bool = False
     client_procs: int = 1
     repeats: int = 1  # see sweep/repeats.py
     calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
+    server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.server_metrics)
+    ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
+    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
+    think_time_s: float = 0.0
+    warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
+    cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
     gpus_per_instance: int = 1
@@ -71,8 +84,10 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
-        if self.mode not in ("concurrency", "rate"):
-            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
+        if self.mode not in ("concurrency", "rate", "replay"):
+            raise ValueError(f"mode must be 'concurrency', 'rate' or 'replay', got {self.mode!r}")
+        if self.mode == "replay" and (self.max_load_under_slo or any(not v > 0 for v in self.values)):
+            raise ValueError("--replay takes positive --time-scale values and no --max-load-under-slo")
         if not self.values:
             raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
         if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
@@ -85,6 +100,18 @@ class SweepConfig:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.repeats > 1 and self.max_load_under_slo:
             raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
+        if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
+            raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
+        if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
+            raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
+                             "no --replay")
+        if self.search_repeats < 0:
+            raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
+        if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
+            raise ValueError(
+                f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "
+                f"{self.cooldown_seconds}"
+            )
         if self.client_procs < 1:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
         if self.num_prompts is None and self.duration is None:
@@ -97,6 +124,13 @@ class SweepConfig:
             raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
 
     def label(self, value: float) -> str:
+        if self.ramp_up is not None:
+            strategy, start, end = self.ramp_up
+            return f"ramp-{strategy}-{start:g}-{end:g}"
+        if self.mode == "replay":
+            from sweep.replay import replay_label
+
+            return replay_label(value)
         return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
 
 
@@ -132,7 +166,8 @@ def client_fidelity(run: PointRun) -> dict[str, Any]:
     """The client's own health: schedule lag, and token counts of the server against ours."""
     records = run.records
     ok = [r for r in records if r.success]
-    out: dict[str, Any] = {"send_lag": _pct([r.send_time - r.intended_send_time for r in records]), **run.extras}
+    lags = [r.send_time - r.intended_send_time for r in records if r.sent]
+    out: dict[str, Any] = {"send_lag": _pct(lags), **run.extras}
     with_both = [r for r in ok if r.usage_output_tokens and r.client_output_tokens is not None]
     out["usage_reported"] = sum(r.usage_output_tokens is not None for r in ok)
     if with_both:
@@ -252,8 +287,15 @@ class Sweeper:
                 "reset_prefix_cache": cfg.reset_prefix_cache,
                 "max_load_under_slo": cfg.max_load_under_slo,
                 "attainment": cfg.attainment,
+                "search_repeats": cfg.search_repeats,
                 "client_procs": cfg.client_procs,
                 "repeats": cfg.repeats,
+                "server_metrics": cfg.server_metrics,
+                "warmup_seconds": cfg.warmup_seconds,
+                "cooldown_seconds": cfg.cooldown_seconds,
+                "ramp_up": cfg.ramp_up,
+                "turns": cfg.turns,
+                "think_time_s": cfg.think_time_s,
                 "ignore_eos": cfg.ignore_eos,
                 "temperature": cfg.temperature,
             },
@@ -272,6 +314,16 @@ class Sweeper:
             if value <= 0:
                 raise ValueError("request rates below 0.01 req/s are not supported")
         concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
+        if cfg.mode == "replay":
+            return PointSpec(
+                label=cfg.label(value),
+                mode="replay",
+                concurrency=concurrency,
+                num_prompts=cfg.num_prompts,
+                duration=cfg.duration,
+                num_warmups=cfg.num_warmups,
+                time_scale=value,
+            )
         return PointSpec(
             label=cfg.label(value),
             mode=cfg.mode,
@@ -281,12 +333,18 @@ class Sweeper:
             num_prompts=cfg.num_prompts,
             duration=cfg.duration,
             num_warmups=cfg.num_warmups,
+            ramp=cfg.ramp_up,
+            turns=cfg.turns,
+            think_time_s=cfg.think_time_s,
         )
 
-    def measure(self, value: float) -> dict[str, Any]:
-        """Run one point (or reload it when a resumed run already has it) and return its point dict."""
+    def measure(self, value: float, repeat: int = 0) -> dict[str, Any]:
+        """Run one point (or reload it when a resumed run already has it) and return its point dict.
+        `repeat` > 0 measures the load again under its own label (`<label>-rep<r>`)."""
         assert self.writer is not None and self.client is not None, "use `with Sweeper(config) as sweeper:`"
         spec = self.point_spec(value)
+        if repeat:
+            spec.label = f"{spec.label}-rep{repeat}"
         if spec.label in self.writer.finished_labels():
             point = self.writer.load_point(spec.label)
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
@@ -300,13 +358,18 @@ class Sweeper:
                 f"[yellow]{spec.label}: all {len(run.prompts)} prompts were sent before --duration ended; "
                 "pass a larger --num-prompts for the pool[/yellow]"
             )
+        if point.get("not_sent"):
+            self.console.print(
+                f"[yellow]{spec.label}: {point['not_sent']} requests were due but never sent (still waiting for a "
+                "--max-concurrency slot when --duration ended); they count as SLO misses[/yellow]"
+            )
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         return point
 
     def _run_point(self, spec: PointSpec, title: str | None = None) -> PointRun:
         assert self.client is not None
-        total = spec.num_prompts if spec.num_prompts is not None else spec.pool_size
+        total = spec.num_prompts if spec.num_prompts is not None or spec.mode == "replay" else spec.pool_size
         with Progress(
             TextColumn(f"[bold]{title or spec.label}"),
             BarColumn(),
@@ -326,6 +389,7 @@ class Sweeper:
                 reset_cache=self.config.reset_prefix_cache,
                 client_procs=self.config.client_procs,
                 on_done=lambda: progress.advance(task),
+                server_metrics=self.config.server_metrics,
             )
 
     def measure_repeat(self, value: float, repeat: int) -> dict[str, Any]:
@@ -348,7 +412,7 @@ class Sweeper:
             repeats = [self.writer.load_repeat(spec.label, k) for k in range(self.config.repeats)]
             pooled = pooled_point(
                 repeats, self.writer.load_rows(spec.label), self.config.percentiles, self.config.slo,
-                queue_inclusive=spec.concurrency is not None,
+                queue_inclusive=queue_inclusive_applies(spec.concurrency, spec.rate),
             )
             rows = self.writer.load_rows(spec.label)
             self._add_cost(pooled, [RequestRecord.from_row(row) for row in rows], float(pooled["duration"]))
@@ -378,19 +442,29 @@ class Sweeper:
 
     def point_dict(self, run: PointRun) -> dict[str, Any]:
         spec = run.spec
-        queue_inclusive = spec.concurrency is not None
+        rate = run.extras.pop("replayed_rate", spec.rate)  # replay: the trace's offered rate at this time scale
+        queue_inclusive = queue_inclusive_applies(spec.concurrency, rate)
         metrics = calculate_metrics(
             run.records, run.duration, self.config.percentiles, self.config.slo, queue_inclusive
         )
         point: dict[str, Any] = {
             "label": spec.label,
             "max_concurrency": spec.concurrency,
-            "request_rate": spec.rate,
+            "request_rate": rate,
             "burstiness": spec.burstiness,
-            "num_prompts": len(run.records),
+            "num_prompts": sum(r.sent for r in run.records),
             **metrics,
         }
         self._add_cost(point, run.records, run.duration)
+        cfg = self.config
+        point.update(
+            extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive, cfg.warmup_seconds, cfg.cooldown_seconds)
+        )
+        if "steady" in point and point["steady"] is None:
+            self.console.print(
+                f"[yellow]{spec.label}: the point ran {run.duration:.1f} s, shorter than --warmup-seconds + "
+                "--cooldown-seconds; no steady-state window[/yellow]"
+            )
         point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
@@ -438,7 +512,11 @@ class Sweeper:
         assert self.writer is not None
         config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
         result = max_load_under_slo(config, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
-        search = {**result.to_dict(), "labels": [cfg.label(p.value) for p in result.probes], "slo": cfg.slo}
+        result = confirm_boundary(
+            result, cfg.search_repeats, lambda value, r: float(self.measure(value, r)["slo_attainment"] or 0.0)
+        )
+        labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
+        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo}
         self.writer.write_search(search)
         unit = "streams" if cfg.mode == "concurrency" else "req/s"
         if result.best is None:
@@ -446,8 +524,9 @@ class Sweeper:
                 f"[red]no load met attainment >= {cfg.attainment}; smallest failing: {result.bracket[1]}"
             )
         else:
+            interval = f", interval {result.interval}" if result.interval is not None else ""
             self.console.print(
-                f"[green]max load under SLO: {result.best:g} {unit}[/green] (bracket {result.bracket}, "
+                f"[green]max load under SLO: {result.best:g} {unit}[/green] (bracket {result.bracket}{interval}, "
                 f"{len(result.probes)} points)"
             )
         return result

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sweep.benchmark_metrics import calculate_metrics, parse_slo, percentile_name
+from sweep.benchmark_metrics import calculate_metrics, parse_slo, percentile_name, queue_inclusive_applies
 from sweep.records import RequestRecord
 
 
@@ -83,12 +83,13 @@ def test_goodput_counts_failures_as_misses(runs: list[RequestRecord]) -> None:
 
 def test_queue_inclusive_and_decomposition(runs: list[RequestRecord]) -> None:
     m = calculate_metrics(runs, duration=2.0, percentiles=[50], queue_inclusive=True)
-    assert m["mean_queued_ttft_ms"] == pytest.approx((125.0 + 750.0) / 2)  # 1.25 - 0.5 for the delayed one
-    assert m["mean_queued_e2el_ms"] == pytest.approx((500.0 + 750.0) / 2)
+    # vLLM's fields over successful requests: queue 0 and 500 ms; E2EL 500 ms, and 250 + 500 for the delayed one
+    assert m["mean_client_queue_time_ms"] == pytest.approx((0.0 + 500.0) / 2)
+    assert m["mean_e2el_including_client_queue_ms"] == pytest.approx((500.0 + 750.0) / 2)
     assert m["mean_queue_ms"] == pytest.approx(31.25)
     assert m["mean_prefill_ms"] == pytest.approx(62.5)
     assert m["mean_ttft_rest_ms"] == pytest.approx(31.25)  # 125 ms TTFT - 31.25 - 62.5
-    assert "mean_queued_ttft_ms" not in calculate_metrics(runs, duration=2.0)
+    assert "mean_client_queue_time_ms" not in calculate_metrics(runs, duration=2.0)
 
 
 def test_empty_and_all_failed() -> None:
@@ -122,3 +123,16 @@ def test_peaks_overlap() -> None:
     m = calculate_metrics(overlapping, duration=3.0)
     assert m["max_concurrent_requests"] == 2  # 0 and 1 overlap in [1.0, 1.5); 2 starts as 1 ends
     assert m["max_output_tokens_per_s"] == 5.0  # bucket [1, 2): 3 + 2 tokens
+
+
+def test_queue_inclusive_only_for_an_open_loop_with_a_cap() -> None:
+    assert queue_inclusive_applies(4, 2.0) and queue_inclusive_applies(4, "2.5")
+    assert not queue_inclusive_applies(4, math.inf) and not queue_inclusive_applies(4, "inf")  # closed loop
+    assert not queue_inclusive_applies(None, 2.0)  # no cap: nothing queues in the client
+
+
+def test_requests_never_sent_are_counted_and_miss_the_slo(runs: list[RequestRecord]) -> None:
+    unsent = [RequestRecord(i, 10, 4, intended_send_time=1.8, sent=False, error="NotSent: ...") for i in (3, 4)]
+    m = calculate_metrics(runs + unsent, duration=2.0, slo={"ttft_ms": 1000.0})
+    assert (m["completed"], m["failed"], m["not_sent"]) == (2, 1, 2)
+    assert m["slo_attainment"] == pytest.approx(2 / 5)  # the unsent requests are misses, not absent

@@ -150,3 +150,84 @@ def test_failures_are_recorded_not_raised() -> None:
 
     r = asyncio.run(refused())
     assert not r.success and "Connect" in r.error and r.end_time is not None
+
+
+def test_usage_only_on_the_last_token_chunk_is_not_counted_twice() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(event(chunk(" a")) + event(chunk(" b")))
+        await response.write(event(chunk(" c", {"prompt_tokens": 2, "completion_tokens": 3})))  # cumulative, once
+        await response.write(event("[DONE]"))
+        return response
+
+    r = run_against(handler)
+    assert r.chunk_tokens == [1, 1, 1]  # the old client made it [1, 1, 3]: 5 tokens for 3
+    assert sum(r.chunk_tokens) == r.usage_output_tokens == 3
+
+
+def test_empty_retokenisation_is_zero_tokens_as_in_vllm() -> None:
+    class Tokenizer:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [0] * len(text.split())
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(event(chunk("")) + event("[DONE]"))  # a special token: a choice with no text
+        return response
+
+    r = run_against(handler)
+    assert r.success
+    count_tokens([r], Tokenizer(), {})
+    assert r.client_output_tokens == 0 and r.output_tokens == 0  # vLLM: len(tokenizer("")) = 0, not 1
+
+
+class _CountingChunkedServer(asyncio.Protocol):
+    """A raw HTTP/1.1 server that sends [DONE] and then, `lag_s` later, the chunked body's terminator."""
+
+    connections = 0
+
+    def __init__(self, lag_s: float) -> None:
+        self.lag_s = lag_s
+        self.buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        type(self).connections += 1
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        head = self.buffer[:head_end].lower().split(b"\r\n")
+        length = int(next((line.split(b":")[1] for line in head if line.startswith(b"content-length")), b"0"))
+        if len(self.buffer) < head_end + 4 + length:
+            return
+        self.buffer = self.buffer[head_end + 4 + length :]
+        asyncio.get_running_loop().create_task(self.respond())
+
+    async def respond(self) -> None:
+        self.transport.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for payload in (event(chunk(" a", {"prompt_tokens": 1, "completion_tokens": 1})), event("[DONE]")):
+            self.transport.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+        await asyncio.sleep(self.lag_s)
+        self.transport.write(b"0\r\n\r\n")
+
+
+def test_keep_alive_holds_when_the_body_ends_after_done() -> None:
+    async def main() -> int:
+        _CountingChunkedServer.connections = 0
+        port = free_port()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _CountingChunkedServer(0.002), "127.0.0.1", port)
+        async with server:
+            config = ClientConfig(f"http://127.0.0.1:{port}/v1", "m")
+            async with make_session() as session:
+                for i in range(40):
+                    record = await send_request(session, config, PromptRequest(i, "x", None, 1, 1))
+                    assert record.success, record.error
+        return _CountingChunkedServer.connections
+
+    assert asyncio.run(main()) == 1  # reading only to [DONE] opened one connection per request

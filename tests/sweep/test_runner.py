@@ -49,11 +49,11 @@ def test_arrivals_reach_the_offered_rate(mock: ServerProcess, burstiness: float)
     records, t0, offsets = run(mock, spec, n)
     assert len(records) == n and all(r.success for r in records)
     sends = np.sort([r.send_time - t0 for r in records])
-    achieved = (n - 1) / (sends[-1] - sends[0])
-    assert achieved == pytest.approx(rate, rel=0.05)  # the schedule spans (n - 1) / rate; the sends follow it
-    gaps = np.diff(sends)
+    assert n / sends[-1] == pytest.approx(rate, rel=0.05)  # the schedule spans n / rate from t0; the sends follow it
+    gaps = np.diff(offsets)
     cv = gaps.std() / gaps.mean()  # gamma inter-arrivals: CV = 1 / sqrt(burstiness)
     assert cv == pytest.approx(1 / np.sqrt(burstiness), rel=0.35)
+    assert np.percentile(sends - np.asarray(offsets), 50) < 0.025  # the sends keep to the schedule (a busy CPU lags)
     assert [r.intended_send_time - t0 for r in records] == pytest.approx(offsets)
 
 
@@ -66,6 +66,10 @@ def test_schedule_shapes() -> None:
     offsets = schedule(spec, batch)
     assert all(o < 2.0 for o in offsets) and len(batch) == len(offsets)
     assert send_offsets(spec, 50, seed=1) == send_offsets(spec, 50, seed=1) != send_offsets(spec, 50, seed=2)
+    # vLLM's get_request: the first send waits one gap, and the last is at exactly n / rate (the old schedule
+    # started at 0 and ended at (n - 1) / rate, offering n / (n - 1) times the rate over its span)
+    offsets = send_offsets(spec, 50, seed=1)
+    assert offsets[0] > 0 and offsets[-1] == pytest.approx(50 / 10.0)
     with pytest.raises(ValueError):
         PointSpec(label="x", mode="rate", rate=0.0, num_prompts=1)
     with pytest.raises(ValueError):
@@ -78,3 +82,17 @@ def test_duration_stops_sending(mock: ServerProcess) -> None:
     assert 0 < len(records) < 500  # the pool outlasts the duration
     assert max(r.send_time for r in records) < t0 + 0.3 + 0.05
     assert max(r.end_time for r in records) > t0 + 0.3 - 0.05  # in-flight requests finish and count
+
+
+def test_ramp_up_schedule_follows_vllm() -> None:
+    """vLLM's get_request with --ramp-up-strategy: gap i drawn at the rate reached at progress i / (n - 1)."""
+    n = 400
+    spec = PointSpec(label="ramp", mode="rate", rate=8.0, num_prompts=n, ramp=("linear", 1.0, 8.0))
+    gaps = np.diff([0.0, *send_offsets(spec, n, seed=2)])
+    assert gaps[0] > 0  # the first send waits one gap, as in vLLM
+    assert np.mean(gaps[:100]) > 3 * np.mean(gaps[-100:])  # early gaps at ~1-2.75 req/s, late ones at ~6-8 req/s
+    exponential = send_offsets(PointSpec(label="e", mode="rate", rate=8.0, num_prompts=n,
+                                         ramp=("exponential", 1.0, 8.0)), n, seed=2)
+    assert exponential[-1] > send_offsets(spec, n, seed=2)[-1]  # the same draws, slower rates for longer
+    with pytest.raises(ValueError, match="ramp-up"):
+        PointSpec(label="x", mode="rate", rate=8.0, num_prompts=4, ramp=("step", 1.0, 8.0))

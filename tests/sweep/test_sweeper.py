@@ -66,6 +66,9 @@ def test_run_directory_contract(mock: ServerProcess, tmp_path: Path) -> None:
     point = json.loads((run_dir / "points" / "c0004.json").read_text())
     assert (point["label"], point["max_concurrency"], point["request_rate"]) == ("c0004", 4, "inf")
     assert point["completed"] == 8 and point["failed"] == 0 and point["slo_attainment"] == 1.0
+    # the mock's /metrics, scraped over the point (after the warm-ups): the server counted what the client did
+    assert point["generation_tokens"] == point["total_output_tokens"]
+    assert point["prompt_tokens"] == point["total_input_tokens"]
     for name in (  # the results contract: vLLM's field names
         "duration",
         "total_input_tokens",
@@ -77,7 +80,8 @@ def test_run_directory_contract(mock: ServerProcess, tmp_path: Path) -> None:
     ):
         assert isinstance(point[name], float | int) and point[name] > 0, name
     assert point["request_throughput"] == pytest.approx(point["completed"] / point["duration"])
-    assert "mean_queued_ttft_ms" in point and "p99.9_queued_e2el_ms" in point  # closed loop: sends wait on the cap
+    # closed loop: every request is "due" at t0, so queue-inclusive figures would only measure elapsed time
+    assert not [k for k in point if "queued" in k or "client_queue" in k]
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", "p50", "p99.9"):
             assert isinstance(point[f"{stat}_{metric}_ms"], float)
@@ -143,16 +147,18 @@ def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
     )
     point = sweep.load_results(run_dir).points.iloc[0]
     assert point["label"] == "r0040.00" and point["request_rate"] == 40.0 and point["burstiness"] == 0.5
-    assert point["max_concurrency"] == 2 and "mean_queued_ttft_ms" in point  # a cap: queue-inclusive latency too
+    assert point["max_concurrency"] == 2 and "mean_e2el_including_client_queue_ms" in point  # open loop + cap
 
     run_dir = run_sweep(
-        config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=4, num_warmups=0, num_prompts=4)
+        config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=4, num_warmups=0, num_prompts=4,
+               search_repeats=1)
     )
     search = json.loads((run_dir / "search.json").read_text())
-    assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004"]
-    assert search["bracket"][0] == 4 and [p["value"] for p in search["probes"]] == [1, 2, 4]  # bracket and probes
+    assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004", "c0004-rep1"]
+    assert search["bracket"][0] == 4 and [p["value"] for p in search["probes"]] == [1, 2, 4, 4]  # bracket and probes
+    assert search["interval"] == [4, None] and (run_dir / "points" / "c0004-rep1.json").is_file()  # a repeat
     assert all(p["passed"] and p["attainment"] == 1.0 for p in search["probes"])
-    assert len(sweep.load_results(run_dir).points) == 3
+    assert len(sweep.load_results(run_dir).points) == 4
 
 
 def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> None:
@@ -207,3 +213,24 @@ def test_a_trace_file_workload(mock: ServerProcess, tmp_path: Path) -> None:
     assert len(requests) == 6 and requests["success"].all()
     pairs = set(zip(requests["requested_input_len"], requests["requested_output_len"], strict=True))
     assert pairs <= {(12, 3), (20, 5), (31, 2)}  # the lengths come from the trace file
+
+
+def test_requests_still_waiting_for_a_slot_at_the_end_are_recorded_as_not_sent(
+    mock: ServerProcess, tmp_path: Path
+) -> None:
+    """Overload: 400 req/s offered through one slot (~10 ms per request) for 0.5 s. The old runner dropped the
+    requests still queued at the stop, so attainment stayed at 1.0; every due request must be accounted for."""
+    cfg = config(mock, tmp_path / "over", mode="rate", values=[400.0], max_concurrency=1, num_prompts=None,
+                 duration=0.5, num_warmups=0, warmup_seconds=0.1, cooldown_seconds=0.05)
+    results = sweep.load_results(run_sweep(cfg))
+    point, rows = results.points.iloc[0], results.requests
+    assert point["not_sent"] > 0 and point["failed"] == 0
+    assert point["completed"] + point["not_sent"] == len(rows) == point["num_prompts"] + point["not_sent"]
+    unsent = rows[~rows["sent"]]
+    assert len(unsent) == point["not_sent"] and unsent["error"].str.startswith("NotSent").all()
+    first_send = rows.loc[rows["sent"], "send_time"].min()
+    assert (unsent["intended_send_time"] < first_send + results.config["sweep"]["duration"]).all()  # all were due
+    assert point["slo_attainment"] == pytest.approx(point["completed"] / len(rows)) and point["slo_attainment"] < 0.9
+    steady = point["steady"]  # the full figures are kept; the window's sit beside them
+    assert (steady["window_start_s"], steady["window_end_s"]) == pytest.approx((0.1, point["duration"] - 0.05))
+    assert 0 < steady["completed"] < point["completed"] and 0 < steady["not_sent"] < point["not_sent"]

@@ -1,0 +1,67 @@
+"""Trace replay (`bench sweep --workload TRACE --replay --time-scale 1,0.5`): each request at its trace timestamp.
+
+A point replays the trace from its first request, in trace order: request i is due at
+(timestamp_i - timestamp_0) * time_scale after the point's start (2 = half speed, 0.5 = double speed;
+`workloads.arrivals.replay`). `--num-prompts N` takes the first N requests of the trace (a contiguous window, so
+the arrival process is the trace's own, not a thinned sample); `--duration S` takes those due before S. The
+offered rate of the point is its requests over the replayed span. Requests are sent at their due times whatever
+the server does (an open loop; `--max-concurrency` adds a cap), the send lag is recorded in the point's
+`fidelity.client.send_lag`, and a request still waiting for a slot when the point ends is recorded as not sent.
+Sources with timestamps: the shipped Azure 2023 and Mooncake mixes, and Azure, Mooncake, BurstGPT and generic
+CSV/JSONL trace files with a timestamp column.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Any
+
+from sweep.client import PromptRequest
+
+
+def replay_label(time_scale: float) -> str:
+    return f"t{time_scale:07.3f}"
+
+
+def build_replay_prompts(
+    workload: Any, tokenizer: Any, time_scale: float, num_prompts: int | None, duration: float | None, salt: str
+) -> tuple[list[Any], list[PromptRequest], Any, list[float]]:
+    """(specs, prompts, fit report, send offsets) of the trace's first requests, replayed at `time_scale`."""
+    import workloads
+
+    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
+    specs = workloads.load(
+        workload.workload,
+        num_requests=None,  # the whole trace in order; the point takes a window from its start
+        seed=workload.seed,
+        max_model_len=workload.max_model_len,
+        fit_policy=workload.fit_policy,
+        **({"tokenizer": tokenizer} if is_file else {}),
+    )
+    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+    if not specs or any(s.timestamp is None for s in specs):
+        raise ValueError(
+            f"--replay needs a workload with timestamps; {workload.workload!r} has none "
+            "(traces with them: azure-code-2023, azure-conv-2023, mooncake-conversation, or a trace file)"
+        )
+    offsets = workloads.arrivals.replay([s.timestamp for s in specs], time_scale=time_scale)
+    count = len(specs)
+    if num_prompts is not None:
+        count = min(count, num_prompts)
+    if duration is not None:
+        count = min(count, bisect.bisect_left(offsets, duration))
+    count = max(count, 1)
+    specs, offsets = specs[:count], offsets[:count]
+    synthesized = workloads.synthesize(specs, tokenizer, endpoint=workload.endpoint, seed=workload.seed, salt=salt)
+    prompts = [
+        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len)
+        for i, s in enumerate(synthesized)
+    ]
+    return specs, prompts, fit_report, offsets
+
+
+def offered_rate(offsets: list[float]) -> float:
+    """Requests per second over the replayed span: n - 1 gaps from the first request (at 0) to the last."""
+    span = offsets[-1] if offsets else 0.0
+    return (len(offsets) - 1) / span if span > 0 else float("inf")

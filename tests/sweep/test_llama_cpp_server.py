@@ -1,0 +1,121 @@
+"""`bench sweep` against a real third-party OpenAI server: llama.cpp's, from the `llama-cpp-python[server]`
+package (a test dependency, 0.3.36), serving the default model's GGUF.
+
+That server runs one request at a time; by default a new request interrupts the one streaming (its
+`interrupt_requests` setting), which breaks every concurrent stream, so it is started with
+`--interrupt_requests False` (requests wait for the model instead). It streams no usage, not even with
+`stream_options.include_usage` (only its non-streaming responses carry usage), so the sweep's token counts come
+from re-tokenising the streamed text, as vLLM's client does without usage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sweep
+from engine.model_files import smollm2_gguf_path
+from sweep.launcher import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(smollm2_gguf_path()),
+        "--model_alias",
+        "smollm2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "1024",
+        "--n_threads",
+        "2",
+        "--interrupt_requests",
+        "False",
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, f"llama_cpp.server exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"llama_cpp.server did not start:\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_bench_sweep_against_llama_cpp(llama_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "sweep",
+            "--url",
+            llama_server,
+            "--model",
+            "smollm2",
+            "--tokenizer",
+            "smollm2-135m",
+            "--concurrency",
+            "1,2",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "48",
+            "--output-len",
+            "8",
+            "--temperature",
+            "0",
+            "--no-report",
+            "--output-dir",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sweep.load_results(out)
+    points, rows = results.points, results.requests
+    assert list(points["completed"]) == [4, 4] and list(points["failed"]) == [0, 0]  # no request fails
+    for name in ("median_ttft_ms", "median_tpot_ms", "median_e2el_ms", "output_throughput"):
+        assert (points[name] > 0).all(), name  # metrics come out
+    for label in ("c0001", "c0002"):
+        client = json.loads((out / "points" / f"{label}.json").read_text())["fidelity"]["client"]
+        assert client["usage_reported"] == 0  # no usage in llama.cpp's streams: the client's counts stand in
+        assert client["chunks_vs_retokenized_mismatch"] >= 0 and "retokenized_tokens_per_chunk_mean" in client
+    assert (rows["output_tokens"] == rows["client_output_tokens"]).all()  # re-tokenised, as vLLM without usage
+    assert (rows["prompt_tokens"] == 48).all()  # the synthesized prompts' exact length under the same tokenizer
+    # max_tokens=8 (ignore_eos is not an option there): re-tokenising 8 generated tokens gives about 8
+    assert rows["output_tokens"].between(5, 9).all()
