@@ -66,3 +66,16 @@ def test_choice_grammar_accepts_exactly_the_choices_even_with_quotes_and_backsla
         assert xgr.testing._is_grammar_accept_string(grammar, text), text
     for text in ["say hi", "b", "back\\\\slash", ""]:
         assert not xgr.testing._is_grammar_accept_string(grammar, text), text
+
+
+def test_the_processor_refuses_a_bad_spec_before_anything_is_queued() -> None:
+    from engine.processor import Processor, RequestError
+    from engine.sampling_params import SamplingParams
+
+    processor = Processor(None, max_model_len=64, vocab_size=100, eos_token_ids=[2])
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(ab"))
+    with pytest.raises(RequestError) as caught:
+        processor.build_request("r", [1, 2], bad)
+    assert caught.value.param == "structured_outputs" and "parenthesis is not closed" in str(caught.value)
+    good = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(ab)+"))
+    assert processor.build_request("r", [1, 2], good).sampling_params.structured_outputs == good.structured_outputs
