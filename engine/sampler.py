@@ -1,7 +1,7 @@
 """Batched sampling in vLLM's order, one tensor op per feature over the whole batch.
 
-Order: grammar bitmask (constrained rows only) → raw logprobs (if asked) → min_tokens → penalties → greedy argmax
-→ temperature → min_p → top-k/top-p → random sample. Logprobs are taken from the raw (bitmask-only) logits, as vLLM
+Order: grammar bitmask → raw logprobs (if asked) → min_tokens → penalties → greedy argmax → temperature
+→ min_p → top-k/top-p → random sample. Logprobs are taken from the raw (bitmask-only) logits, as vLLM
 does by default.
 
 Rows: one per logits row, so a request that verifies k drafts has k + 1 consecutive rows; row j sees the
