@@ -82,3 +82,16 @@ def test_malformed_shapes_are_400_naming_the_field(fields: dict[str, Any], param
     with pytest.raises(ApiError) as caught:
         parse_completion_request({"prompt": "p", **fields})
     assert caught.value.status == 400 and caught.value.param == param and caught.value.message
+
+
+def test_the_servelab_field_carries_grammar_timing() -> None:
+    from engine.entrypoints.serving_engine import grammar_timing
+    from engine.request import RequestTiming
+
+    assert grammar_timing(RequestTiming()) == {
+        "grammar_compile_time": None, "grammar_bitmask_time": None, "grammar_bitmask_time_per_step": None
+    }  # fmt: skip
+    timing = RequestTiming(grammar_compile_time=0.0, grammar_bitmask_time=0.004, num_grammar_bitmask_steps=8)
+    assert grammar_timing(timing) == {
+        "grammar_compile_time": 0.0, "grammar_bitmask_time": 0.004, "grammar_bitmask_time_per_step": 0.0005
+    }  # fmt: skip
