@@ -1,7 +1,6 @@
 """Structured outputs with the default model behind `bench serve`: the openai SDK in all three request shapes,
-bad specs answered 400 while the server keeps serving, and `bench sweep` judging every output valid (choices: with
-random-word prompts and xgrammar's default any-whitespace JSON, the 135M model's JSON outputs can run past a
-short max_tokens, which the sweep rightly counts invalid)."""
+bad specs answered 400 while the server keeps serving, and `bench sweep` judging every output valid (on choices: a JSON
+sweep of the 135M model on random-word prompts, max_tokens 160, found 2 of 4 outputs valid)."""
 
 from __future__ import annotations
 
