@@ -45,3 +45,7 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.profile import profile
 
     app.command("profile")(profile)
+
+    from engine.benchmarks.structured_outputs import structured_outputs_bench
+
+    app.command("structured-outputs")(structured_outputs_bench)

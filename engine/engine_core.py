@@ -1,4 +1,4 @@
-"""EngineCore: the token-ids-only loop. step() = schedule → one forward pass → sample → update."""
+"""EngineCore: the token-ids-only loop. step() = schedule → one forward pass → grammar bitmask → sample → update."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from engine.prompt_logprobs import attach_prompt_logprobs, take_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, SamplingMetadata
 from engine.scheduler import Scheduler
+from engine.structured_output.manager import StructuredOutputManager, load_xgrammar_backend
 
 logger = logging.getLogger(__name__)
+
+_COMPILE_POLL_S = 0.05  # an engine whose only requests wait for grammars checks its inputs this often
 
 
 class EngineCore:
@@ -39,27 +42,38 @@ class EngineCore:
         self.sampler = Sampler(runner.device, config.model_config.seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
         self._step_delay_s = config.scheduler_config.inject_step_delay_ms / 1000.0
+        self.structured_output_manager = StructuredOutputManager(
+            lambda: load_xgrammar_backend(config, self.vocab_size, self.eos_token_ids), self.vocab_size
+        )
+        self.scheduler.structured_output_manager = self.structured_output_manager
 
     def add_request(self, request: Request) -> None:
         """Queue a request built by engine.processor.Processor (which validated its token ids, seed and EOS ids);
         raises ValueError (and keeps nothing) if it can never run in this KV cache."""
         self.scheduler.add_request(request)
+        self.structured_output_manager.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Finish the requests now (status FINISHED_ABORTED) and free their KV blocks."""
         for request in self.scheduler.finish_requests(request_ids):
             self._generators.pop(request.request_id, None)
+        self.structured_output_manager.remove(request_ids)
 
     def step(self) -> list[EngineCoreOutput]:
         if not self.scheduler.has_unfinished_requests():
             return []
+        failed = self._finish_failed_grammars()
         scheduler_output = self.scheduler.schedule()
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
+        self.structured_output_manager.rebuild(scheduler_output.preempted_request_ids)
         if scheduler_output.is_empty:
             if not self.scheduler.running:
+                if self.structured_output_manager.num_tracked or failed:  # idle until a grammar compiles
+                    self.structured_output_manager.wait_for_compiles(_COMPILE_POLL_S)
+                    return failed
                 raise RuntimeError("the scheduler can admit no waiting request into an idle engine (a bug)")
-            return []
+            return failed
         sampling = scheduler_output.sampling_requests()
         logits = take_prompt_logprobs(scheduler_output, self.model_executor.execute_model(scheduler_output))
         if self._step_delay_s:
@@ -75,6 +89,9 @@ class EngineCore:
                 self._generators,
                 draft_prefixes=[drafts for _, drafts in rows],
             )
+            grammar = self.structured_output_manager.fill_bitmask(sampling)
+            if grammar is not None:
+                metadata.grammar_bitmask, metadata.grammar_rows = grammar
             sampler_output = self.sampler(logits, metadata)
             logprobs = []
             start = 0
@@ -87,6 +104,25 @@ class EngineCore:
                 start = end
         outputs = self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
         attach_prompt_logprobs(scheduler_output, outputs)
+        self.structured_output_manager.advance(sampling)
+        return failed + outputs
+
+    def _finish_failed_grammars(self) -> list[EngineCoreOutput]:
+        """Abort the requests whose grammar failed to compile (the API validated it, so this is rare); the
+        compiler's message is the output's stop_reason."""
+        failed = self.structured_output_manager.failed_compiles()
+        if not failed:
+            return []
+        outputs = []
+        for request in self.scheduler.finish_requests(list(failed)):
+            logger.error("request %s: %s", request.request_id, failed[request.request_id])
+            outputs.append(
+                EngineCoreOutput(
+                    request.request_id, [], finish_reason="abort", stop_reason=failed[request.request_id],
+                    timing=request.timing, num_prompt_tokens=request.num_prompt_tokens,
+                )
+            )  # fmt: skip
+        self.structured_output_manager.remove(list(failed))
         return outputs
 
     def check_health(self) -> None:

@@ -72,6 +72,8 @@ class Processor:
         if params.seed is not None and not _SEED_RANGE[0] <= params.seed <= _SEED_RANGE[1] - params.n:
             what = "seed" if params.n == 1 else f"seed + {params.n - 1} (the last of the n={params.n} samples' seeds)"
             raise RequestError(f"{what} must fit in 64 bits, got seed={params.seed}", "seed")
+        if params.structured_outputs is not None:
+            check_structured_outputs(params)
         overruns = params.max_tokens is not None and num_prompt + params.max_tokens > max_model_len
         if max_tokens_param is not None and overruns:
             raise RequestError(
@@ -105,6 +107,18 @@ class Processor:
             max_tokens=params.max_tokens if params.max_tokens is not None else max_model_len - num_prompt,
             timing=RequestTiming(arrival_time if arrival_time is not None else time.monotonic()),
         )
+
+
+def check_structured_outputs(params: SamplingParams) -> None:
+    """RequestError (param "structured_outputs", xgrammar's message) unless the grammar compiler accepts the spec."""
+    from engine.structured_output import StructuredOutputsError
+    from engine.structured_output.backend_xgrammar import validate_structured_outputs
+
+    assert params.structured_outputs is not None
+    try:
+        validate_structured_outputs(params.structured_outputs)
+    except StructuredOutputsError as error:
+        raise RequestError(str(error), "structured_outputs") from error
 
 
 def child_requests(request: Request) -> list[Request]:
@@ -146,6 +160,9 @@ def merge_timings(timings: list[RequestTiming]) -> RequestTiming:
         finished_time=None if None in finished else max(finished),  # type: ignore[type-var]
         num_preemptions=sum(t.num_preemptions for t in timings),
         num_cached_tokens=timings[0].num_cached_tokens,
+        grammar_compile_time=earliest([t.grammar_compile_time for t in timings]),
+        grammar_bitmask_time=sum(t.grammar_bitmask_time for t in timings),
+        num_grammar_bitmask_steps=sum(t.num_grammar_bitmask_steps for t in timings),
     )
 
 

@@ -12,6 +12,7 @@ from engine.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # queued, its structured-output grammar still compiling
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -45,6 +46,11 @@ class RequestTiming:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
+    # Structured outputs (engine/structured_output/manager.py): the wait for the compiled grammar (0 when cached),
+    # and the time spent filling this request's bitmask rows over that many steps.
+    grammar_compile_time: float | None = None
+    grammar_bitmask_time: float = 0.0
+    num_grammar_bitmask_steps: int = 0
 
 
 @dataclass

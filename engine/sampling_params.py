@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured_output.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 
 
@@ -31,6 +33,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # number of top logprobs besides each prompt token (engine/prompt_logprobs.py)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # grammar-constrained output (engine/structured_output)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -61,6 +64,10 @@ class SamplingParams:
                 f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}",
             ),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
+            (
+                self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+                f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}",
+            ),
         )
         for ok, message in checks:
             if not ok:

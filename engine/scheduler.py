@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
@@ -21,6 +22,9 @@ from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.outputs import EngineCoreOutput, Logprob, SchedulerStats
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from engine.structured_output.manager import StructuredOutputManager
 
 
 class Scheduler:
@@ -41,6 +45,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        # Set by EngineCore: says when a WAITING_FOR_FSM request's grammar is compiled (engine/structured_output).
+        self.structured_output_manager: StructuredOutputManager | None = None
 
     # ---------------------------------------------------------------- requests in and out
 
@@ -123,10 +129,14 @@ class Scheduler:
 
         # Then waiting requests, first come first served; none after a preemption (the pool is tight).
         now = time.monotonic()
+        skipped_waiting: deque[Request] = deque()  # still compiling their grammar: they keep their place
         while not preempted and self.waiting and budget > 0:
             if len(self.running) >= self.scheduler_config.max_num_seqs:
                 break
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_FSM and not self._grammar_ready(request):
+                skipped_waiting.append(self.waiting.popleft())
+                continue
             hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit_tokens
             if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > budget:
@@ -142,6 +152,7 @@ class Scheduler:
                 request.timing.num_cached_tokens = num_hit_tokens
             scheduled.append((request, num_new_tokens, []))
             budget -= num_new_tokens
+        self.waiting.extendleft(reversed(skipped_waiting))
 
         output = SchedulerOutput(
             scheduled=[
@@ -259,6 +270,10 @@ class Scheduler:
         final_len = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         room = min(budget - num_new_tokens, final_len - request.num_tokens - 1)
         return drafts[: max(room, 0)]
+
+    def _grammar_ready(self, request: Request) -> bool:
+        manager = self.structured_output_manager
+        return manager is None or manager.grammar_ready(request)
 
     def _check_stop(self, request: Request) -> bool:
         """vLLM's finish rules, checked after each appended token."""

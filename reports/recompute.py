@@ -18,6 +18,7 @@ import pandas as pd
 from sweep.benchmark_metrics import (
     DEFAULT_PERCENTILES,
     SLO_KEYS,
+    VALID_SLO_KEY,
     calculate_metrics,
     is_good,
     percentile_name,
@@ -43,6 +44,12 @@ def normalize_slo(slo: Mapping[str, float] | None) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for key, value in slo.items():
         name = str(key).lower().removesuffix("_ms")
+        if name == VALID_SLO_KEY:
+            if value not in (None, 0, 1):
+                raise SLOError(f"SLO valid must be 1 (structured outputs must validate) or 0, got {value!r}")
+            if value:
+                out[VALID_SLO_KEY] = 1.0
+            continue
         if name not in SLO_KEYS:
             raise SLOError(f"unknown SLO metric {key!r}: expected one of {', '.join(SLO_KEYS)}")
         if value is not None:
@@ -55,7 +62,10 @@ def normalize_slo(slo: Mapping[str, float] | None) -> dict[str, float] | None:
 def format_slo(slo: Mapping[str, float] | None) -> str:
     if not slo:
         return "none"
-    return ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.items())
+    return ", ".join(
+        "valid structured output" if k == VALID_SLO_KEY else f"{k.removesuffix('_ms').upper()} <= {v:g} ms"
+        for k, v in slo.items()
+    )
 
 
 def _scalar(value: Any) -> Any:
@@ -99,6 +109,7 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
                 client_prompt_tokens=_int(row.get("client_prompt_tokens")),
                 client_output_tokens=_int(row.get("client_output_tokens")),
                 server_timing=row.get("server_timing") if isinstance(row.get("server_timing"), dict) else None,
+                output_valid=None if (valid := _scalar(row.get("output_valid"))) is None else bool(valid),
             )
         )
     return records

@@ -35,6 +35,8 @@ def point_table(run: RunData) -> pd.DataFrame:
     if "request_goodput" in pts and pts["request_goodput"].notna().any():
         table["goodput req/s"] = pd.to_numeric(pts["request_goodput"], errors="coerce").to_numpy()
         table["SLO attainment"] = pd.to_numeric(pts["slo_attainment"], errors="coerce").to_numpy()
+    if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
+        table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table
 
 

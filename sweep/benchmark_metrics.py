@@ -8,7 +8,8 @@
 - Throughputs divide by the point's duration (first send to last finish, including ramp and drain).
 - Statistics: numpy mean / median / population std / linear-interpolated percentiles; empty lists give 0.
 - Goodput (vLLM `--goodput`): a request is good iff it succeeded and every given SLO holds
-  (`slo_ms / 1000 >= value`; requests with <= 1 output token have TPOT 0 and pass it).
+  (`slo_ms / 1000 >= value`; requests with <= 1 output token have TPOT 0 and pass it); with `valid=1` a
+  structured output that did not parse and validate is a miss too.
   `request_goodput` = good / duration; `slo_attainment` = good / (completed + failed), so failures are misses
   (DistServe's attainment; AIPerf's `good_request_fraction`).
 
@@ -22,6 +23,8 @@ Requests that were due but never sent (still waiting for a slot when `--duration
 in `slo_attainment`'s denominator.
 
 Additions beyond vLLM (all optional fields of the results contract):
+- `valid_output_fraction`: of the completed requests that asked for a structured output, the share whose output
+  parsed and validated (sweep/structured.py); absent when no request asked for one.
 - TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
   `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
   detokenisation and client).
@@ -37,6 +40,7 @@ import numpy as np
 from sweep.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+VALID_SLO_KEY = "valid"  # `valid=1`: a structured output that did not parse and validate misses the SLO
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 
 # Our (vLLM's) names -> the nearest quantity in AIPerf and GuideLLM. Never compare across tools by name alone:
@@ -69,8 +73,14 @@ def parse_slo(text: str | None) -> dict[str, float] | None:
             continue
         key, sep, value = item.replace(":", "=").partition("=")
         key = key.strip().lower().removesuffix("_ms")
+        if sep and key == VALID_SLO_KEY:
+            if value.strip() not in ("0", "1"):
+                raise ValueError(f"bad SLO item {item!r}: valid=1 (structured outputs must validate) or valid=0")
+            if value.strip() == "1":
+                slo[VALID_SLO_KEY] = 1.0
+            continue
         if not sep or key not in SLO_KEYS:
-            raise ValueError(f"bad SLO item {item!r}: use ttft=MS,tpot=MS,e2el=MS (any subset)")
+            raise ValueError(f"bad SLO item {item!r}: use ttft=MS,tpot=MS,e2el=MS,valid=1 (any subset)")
         try:
             ms = float(value)
         except ValueError:
@@ -103,8 +113,10 @@ def request_tpot(record: RequestRecord) -> float | None:
 def is_good(record: RequestRecord, slo: dict[str, float]) -> bool:
     if not record.success:
         return False
+    if slo.get(VALID_SLO_KEY) and record.output_valid is False:
+        return False
     values = {"ttft_ms": record.ttft, "tpot_ms": request_tpot(record) or 0.0, "e2el_ms": record.e2el}
-    return all(limit / 1000.0 >= values[key] for key, limit in slo.items())
+    return all(limit / 1000.0 >= values[key] for key, limit in slo.items() if key != VALID_SLO_KEY)
 
 
 def ttft_decomposition(record: RequestRecord) -> tuple[float, float, float] | None:
@@ -179,6 +191,9 @@ def calculate_metrics(
         "slo_attainment": None,
     }
     metrics.update(peaks(ok))
+    verdicts = [r.output_valid for r in ok if r.output_valid is not None]
+    if verdicts:  # structured outputs: the share of completed constrained requests whose output validated
+        metrics["valid_output_fraction"] = sum(verdicts) / len(verdicts)
     if slo:
         good = sum(is_good(r, slo) for r in records)
         metrics["request_goodput"] = good / duration

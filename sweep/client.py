@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from sweep.records import RequestRecord
+from sweep.structured import Constraint
 
 READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
 SESSION_TIMEOUT_S = 6 * 3600
@@ -49,6 +50,7 @@ class PromptRequest:
     input_len: int  # requested (workload) lengths
     output_len: int
     intended_send_time: float = 0.0  # absolute perf_counter seconds
+    constraint: Constraint | None = None  # structured output asked for (sweep/structured.py)
 
 
 class SSEParser:
@@ -94,8 +96,10 @@ def build_payload(config: ClientConfig, request: PromptRequest) -> dict[str, Any
     else:
         payload["prompt"] = request.prompt if request.prompt is not None else _messages_text(request.messages)
         payload["max_tokens"] = request.output_len
-    if config.ignore_eos:
+    if config.ignore_eos and request.constraint is None:  # a constrained output ends where its grammar does
         payload["ignore_eos"] = True
+    if request.constraint is not None:
+        payload.update(request.constraint.request_fields())
     if config.temperature is not None:
         payload["temperature"] = config.temperature
     return payload

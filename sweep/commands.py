@@ -104,7 +104,9 @@ def sweep(
         0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
         "load with an interval.", rich_help_panel=LOAD_PANEL,
     ),
-    slo: str | None = typer.Option(None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
+    slo: str | None = typer.Option(
+        None, help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS,valid=1 (valid=1: an invalid structured output misses)."
+    ),
     percentiles: str = typer.Option("50,90,99", help="Percentiles to report."),
     url: str | None = typer.Option(
         None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
@@ -132,6 +134,18 @@ def sweep(
     ),
     seed: int | None = knob_option(
         "seed", help="Workload seed (default 0); when given, the built-in engine's seed too."
+    ),
+    structured_output: str | None = typer.Option(
+        None,
+        help="Ask every request for a structured output: json | regex | choice (the structured workload sends "
+        "its JSON schemas without this flag). Records keep whether each output validated.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    structured_output_shape: str | None = typer.Option(
+        None,
+        help="How schemas are sent: response_format | structured_outputs | guided (vLLM's guided_*); "
+        "default: response_format for JSON, structured_outputs for regex and choice.",
+        rich_help_panel=WORKLOAD_PANEL,
     ),
     fit_policy: str = typer.Option(
         "clip",
@@ -210,6 +224,8 @@ def sweep(
                 fit_policy=fit_policy,
                 seed=seed if seed is not None else 0,
                 endpoint=endpoint,
+                structured_output=structured_output,
+                structured_output_shape=structured_output_shape,
             ),
             num_prompts=num_prompts,
             duration=duration,

@@ -36,6 +36,7 @@ class RequestRecord:
     server_timing: dict | None = None
     session: int | None = None  # multi-turn (sweep.sessions): the conversation and the turn in it
     turn: int | None = None
+    output_valid: bool | None = None  # structured output: parsed and validated (None: unconstrained or failed)
     generated_text: str = ""  # kept in memory for re-tokenising, not written
 
     @property

@@ -25,6 +25,7 @@ import numpy as np
 from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
 from sweep.records import RequestRecord
 from sweep.server_metrics import ServerMetricsSampler
+from sweep.structured import check_outputs, make_constraint
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
 RAMP_STRATEGIES = ("linear", "exponential")
@@ -42,6 +43,8 @@ class WorkloadConfig:
     fit_policy: str = "clip"
     seed: int = 0
     endpoint: str = "completions"
+    structured_output: str | None = None  # json | regex | choice on every request (sweep/structured.py)
+    structured_output_shape: str | None = None  # response_format | structured_outputs | guided; None: by kind
 
 
 @dataclass
@@ -135,9 +138,11 @@ def build_prompts(
         specs, tokenizer, endpoint=workload.endpoint, seed=workload.seed + seed_offset, salt=salt
     )
     prompts = [
-        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len)
+        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len,
+                      constraint=make_constraint(i, s.schema, workload.structured_output,
+                                                 workload.structured_output_shape, workload.seed + seed_offset))
         for i, s in enumerate(synthesized)
-    ]
+    ]  # fmt: skip
     return specs, prompts, fit_report
 
 
@@ -355,6 +360,7 @@ def run_point(
         extras["pool_exhausted"] = duration < spec.duration  # closed loop ran out of prompts before the end
     by_index = {p.index: p for p in prompts}
     count_tokens(records, tokenizer, by_index)
+    check_outputs(records, by_index)
     sent = {r.index for r in records}
     if spec.mode == "replay":
         from sweep.replay import offered_rate

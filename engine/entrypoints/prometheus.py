@@ -28,6 +28,8 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0]  # fmt: skip
 _REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+_GRAMMAR_COMPILE_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+_GRAMMAR_BITMASK_BUCKETS = [1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2]
 
 # SchedulerStats cumulative field → counter name.
 _COUNTERS = {
@@ -76,10 +78,21 @@ class ServerMetrics:
         self.decode_time = histogram(
             "vllm:request_decode_time_seconds", "Time spent in the DECODE phase in seconds.", _REQUEST_BUCKETS
         )
+        self.grammar_compile_time = histogram(
+            "servelab:request_grammar_compile_time_seconds",
+            "Structured outputs: time a request waited for its compiled grammar (0 when cached).",
+            _GRAMMAR_COMPILE_BUCKETS,
+        )
+        self.grammar_bitmask_time = histogram(
+            "servelab:grammar_bitmask_time_per_step_seconds",
+            "Structured outputs: per request, the mean time per step spent filling its grammar bitmask rows.",
+            _GRAMMAR_BITMASK_BUCKETS,
+        )
         self._last_stats = SchedulerStats()
         for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage,
                        *self.counters.values(), self.ttft, self.itl, self.e2e, self.queue_time,
-                       self.prefill_time, self.decode_time):  # fmt: skip
+                       self.prefill_time, self.decode_time, self.grammar_compile_time,
+                       self.grammar_bitmask_time):  # fmt: skip
             metric.labels(model_name)  # export every series from the start, at zero
 
     def set_engine_info(self, num_gpu_blocks: int, block_size: int, tensor_parallel_size: int) -> None:
@@ -121,6 +134,11 @@ class ServerMetrics:
                 self.prefill_time.labels(name).observe(max(0.0, timing.first_token_time - timing.first_scheduled_time))
         if timing.first_token_time is not None and timing.finished_time is not None:
             self.decode_time.labels(name).observe(max(0.0, timing.finished_time - timing.first_token_time))
+        if timing.grammar_compile_time is not None:
+            self.grammar_compile_time.labels(name).observe(timing.grammar_compile_time)
+        if timing.num_grammar_bitmask_steps:
+            per_step = timing.grammar_bitmask_time / timing.num_grammar_bitmask_steps
+            self.grammar_bitmask_time.labels(name).observe(per_step)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

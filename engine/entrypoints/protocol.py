@@ -143,6 +143,8 @@ class GenerationRequest:
     stream: bool
     stream_options: StreamOptions
     max_tokens_param: str  # the name the client used ("max_tokens" or "max_completion_tokens"), for errors
+    # The field the client constrained the output with (response_format, structured_outputs, guided_*), for errors.
+    structured_outputs_param: str | None = None
 
 
 @dataclass
@@ -204,6 +206,7 @@ def _sampling_params(body: dict[str, Any], max_tokens: int | None, logprobs: int
         "include_stop_str_in_output": get_bool(body, "include_stop_str_in_output", False),
         "max_tokens": max_tokens,
         "logprobs": logprobs,
+        "structured_outputs": structured_outputs(body)[0],
     }
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"'{max_tokens_param}' must be at least 1, got {max_tokens}", max_tokens_param)
@@ -217,6 +220,13 @@ def _sampling_params(body: dict[str, Any], max_tokens: int | None, logprobs: int
         if param == "max_tokens":
             param = max_tokens_param
         raise bad_request(message, param if param in fields or param == max_tokens_param else None) from error
+
+
+def structured_outputs(body: dict[str, Any]) -> tuple[Any, str | None]:
+    """(StructuredOutputsParams or None, the field it came from): engine/entrypoints/structured_request.py."""
+    from engine.entrypoints.structured_request import parse_structured_outputs
+
+    return parse_structured_outputs(body)
 
 
 def _model(body: dict[str, Any]) -> str | None:
@@ -262,6 +272,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         stream=stream,
         stream_options=stream_options,
         max_tokens_param="max_tokens",
+        structured_outputs_param=structured_outputs(body)[1],
         prompt=prompt,
         logprobs=logprobs,
         echo=echo,
@@ -306,10 +317,6 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     messages = _parse_messages(body.get("messages"))
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        why = "'response_format' is not supported yet: structured output is not implemented"
-        raise bad_request(why, "response_format")
     for name in ("tools", "functions"):
         if body.get(name):
             raise bad_request(f"'{name}' is not supported yet: tool calling is not implemented", name)
@@ -330,6 +337,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         stream=stream,
         stream_options=stream_options,
         max_tokens_param="max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
+        structured_outputs_param=structured_outputs(body)[1],
         messages=messages,
         add_generation_prompt=get_bool(body, "add_generation_prompt", True),
         logprobs=logprobs,

@@ -37,6 +37,17 @@ def now_epoch() -> int:
     return int(time.time())
 
 
+def grammar_timing(timing: RequestTiming) -> dict[str, Any]:
+    """Structured outputs' share of the `servelab` field (None for an unconstrained request): the wait for the
+    compiled grammar, and the time spent filling its bitmask rows, in total and per step."""
+    steps = timing.num_grammar_bitmask_steps
+    return {
+        "grammar_compile_time": timing.grammar_compile_time,
+        "grammar_bitmask_time": timing.grammar_bitmask_time if timing.grammar_compile_time is not None else None,
+        "grammar_bitmask_time_per_step": timing.grammar_bitmask_time / steps if steps else None,
+    }
+
+
 class Generation:
     """One API request in the engine: its n engine requests (one per completion) and their deltas, in the order
     the engine produces them. Iterate `deltas` inside `contextlib.aclosing`: any early exit (client disconnect,
@@ -120,7 +131,8 @@ class OpenAIServing(ABC):
                 random_id(id_prefix), prompt, req.sampling_params, max_tokens_param=req.max_tokens_param
             )
         except RequestError as error:
-            raise bad_request(str(error), error.param) from error
+            param = req.structured_outputs_param if error.param == "structured_outputs" else error.param
+            raise bad_request(str(error), param) from error
 
     # ------------------------------------------------------------------------------------------- responses
 
@@ -245,6 +257,7 @@ class OpenAIServing(ABC):
             "prefill_time": between(timing.first_scheduled_time, timing.first_token_time),
             "decode_time": between(timing.first_token_time, timing.finished_time),
             "engine_time": between(timing.arrival_time, timing.finished_time),
+            **grammar_timing(timing),
         }
 
     def token_text(self, token_id: int) -> str:

@@ -70,9 +70,9 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_server(*extra: str, timeout: float = 600.0, own_group: bool = False) -> LiveServer:
+def start_server(*extra: str, timeout: float = 600.0, own_group: bool = False, model: str = MODEL) -> LiveServer:
     """own_group: the server leads its own process group (so a test can signal the group like a terminal)."""
-    command = [sys.executable, "-m", "cli", "serve", "--model", MODEL, "--port", "0", *knob_args(ENGINE_KNOBS), *extra]
+    command = [sys.executable, "-m", "cli", "serve", "--model", model, "--port", "0", *knob_args(ENGINE_KNOBS), *extra]
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=own_group,

@@ -62,3 +62,17 @@ def test_latency_histograms_use_one_clock_each() -> None:
         assert sample(text, f"{name}_count") == count, name
         assert abs(sample(text, f"{name}_sum") - total) < 1e-9, name
     assert 'vllm:request_success_total{finished_reason="length",model_name="m"} 1.0' in text
+
+
+def test_grammar_histograms_count_constrained_requests_only() -> None:
+    metrics = ServerMetrics("m")
+    stream = RequestStream(Request("r", [1], SamplingParams()), api_arrival=0.0)
+    metrics.observe_finished(stream, RequestTiming(arrival_time=1.0), "stop")  # unconstrained: not observed
+    constrained = RequestTiming(arrival_time=1.0, grammar_compile_time=0.04, grammar_bitmask_time=0.003,
+                                num_grammar_bitmask_steps=6)  # fmt: skip
+    metrics.observe_finished(stream, constrained, "stop")
+    text = metrics.render().decode()
+    assert sample(text, "servelab:request_grammar_compile_time_seconds_count") == 1
+    assert sample(text, "servelab:request_grammar_compile_time_seconds_sum") == 0.04
+    assert sample(text, "servelab:grammar_bitmask_time_per_step_seconds_count") == 1
+    assert abs(sample(text, "servelab:grammar_bitmask_time_per_step_seconds_sum") - 0.0005) < 1e-12

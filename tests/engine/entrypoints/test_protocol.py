@@ -69,7 +69,7 @@ def chat(**fields: object) -> dict[str, object]:
         (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0]"),
         (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0]"),
-        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(response_format={"type": "json_schema"}), "response_format"),
         (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
         (chat(tool_choice="auto"), "tool_choice"),
         (chat(top_logprobs=3), "top_logprobs"),
