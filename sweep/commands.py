@@ -10,6 +10,7 @@ import typer
 
 from engine.cli_options import knob_option, with_engine_knobs
 from sweep.results import ReportRenderer
+from sweep.soak_commands import soak as soak_command
 
 LOAD_PANEL = "Load"
 WORKLOAD_PANEL = "Workload"
@@ -342,3 +343,4 @@ def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> N
     app.command("sweep", context_settings={"obj": render_report})(sweep)
     app.command("mock-server")(mock_server)
     app.command("calibrate")(calibrate)
+    app.command("soak")(soak_command)

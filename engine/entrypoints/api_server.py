@@ -33,8 +33,8 @@ logger = logging.getLogger("servelab.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Paths that need the API key when one is set (vLLM guards /v1; the cache reset and tokenizer are ours too).
-_PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize", "/reset_prefix_cache")
+# With an API key set, every path needs it except these (and /metrics unless metrics_require_api_key).
+_OPEN_PATHS = ("/health",)
 # Paths that need a live engine.
 _ENGINE_PATHS = ("/v1/completions", "/v1/chat/completions", "/reset_prefix_cache")
 
@@ -47,6 +47,8 @@ class ServerConfig:
     served_model_name: str | None = None  # default: the --model value
     max_request_bytes: int = 16 * 1024 * 1024
     shutdown_timeout: float = 5.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
+    metrics_require_api_key: bool = False  # with api_key: /metrics needs it too
+    request_timeout: float | None = None  # seconds a request may take, body read to last byte (None: no limit)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -55,6 +57,8 @@ class ServerConfig:
             raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 (or unset), got {self.request_timeout}")
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -122,7 +126,8 @@ class Server:
     async def _gate_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """API key first, then whether the engine can take the request."""
         key = self.config.api_key
-        if key is not None and request.path.startswith(_PROTECTED_PREFIXES):
+        open_paths = _OPEN_PATHS if self.config.metrics_require_api_key else (*_OPEN_PATHS, "/metrics")
+        if key is not None and request.path not in open_paths:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 what = "Incorrect API key provided." if given else "Missing API key: send 'Authorization: Bearer KEY'."
@@ -132,7 +137,25 @@ class Server:
                 raise engine_dead_error()
             if self.shutting_down:
                 raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        return await handler(request)
+        if self.config.request_timeout is None:
+            return await handler(request)
+        try:
+            async with asyncio.timeout(self.config.request_timeout):
+                return await handler(request)
+        except TimeoutError:
+            return await self._timed_out(request)
+
+    async def _timed_out(self, request: web.Request) -> web.StreamResponse:
+        """504, or, for a stream already under way, an error event ending it (the engine request is aborted)."""
+        error = ApiError(504, f"the request took longer than the server's {self.config.request_timeout} s "
+                         "request timeout", type="server_error", code="request_timeout")  # fmt: skip
+        response: web.StreamResponse | None = request.get("stream_response")
+        if response is None:
+            return error_response(error)
+        await response.write(sse_event(error.to_body()))
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
 
     async def _json_body(self, request: web.Request) -> Any:
         length = request.content_length
@@ -171,6 +194,7 @@ class Server:
     async def _stream(self, request: web.Request, body: AsyncIterator[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        request["stream_response"] = response
         try:
             async with aclosing(body):  # type: ignore[type-var]
                 async for chunk in body:

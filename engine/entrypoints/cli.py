@@ -29,6 +29,13 @@ def serve(
     max_request_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body accepted (413 above)."),
     shutdown_timeout: float = typer.Option(5.0, help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."),
     log_level: str = typer.Option("info", help="debug | info | warning | error"),
+    metrics_require_api_key: bool = typer.Option(
+        False, "--metrics-require-api-key", help="With --api-key: /metrics needs the key too (/health never does)."
+    ),
+    request_timeout: float | None = typer.Option(
+        None, help="Seconds a request may take, body upload to last byte (504, or an error event mid-stream); "
+        "default: no limit."
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)."""
     if model_tag is not None and model is not None and model_tag != model:
@@ -43,8 +50,21 @@ def serve(
         {"model": model, **engine_knobs},
         host=host, port=port, api_key=api_key, served_model_name=served_model_name,
         max_request_bytes=max_request_bytes, shutdown_timeout=shutdown_timeout,
+        metrics_require_api_key=metrics_require_api_key, request_timeout=request_timeout,
     )  # fmt: skip
     raise typer.Exit(code)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or name) only accepts connections from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _fail(message: str) -> int:
@@ -70,6 +90,9 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
         return _fail(f"cannot load model {knobs.get('model')!r}: {error}")
     except (ConfigError, ValueError) as error:
         return _fail(str(error))
+    if server_config.api_key is None and not is_loopback(server_config.host):
+        logger.warning("serving on %s without --api-key: anyone who can reach this port can use the server",
+                       server_config.host)  # fmt: skip
     try:
         sock = bind_socket(server_config.host, server_config.port)
     except OSError as error:
@@ -83,6 +106,8 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
         logger.info("loading %s in the engine process...", config.model_config.model)
         info = engine.start()
         metrics.set_engine_info(info.num_gpu_blocks, info.block_size, info.tensor_parallel_size)
+        if engine.pid is not None:
+            metrics.watch_engine_process(engine.pid)
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
         startup_line = (

@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.entrypoints.engine_process import EngineInfo, run_engine_core
 from engine.entrypoints.prometheus import ServerMetrics
 from engine.entrypoints.protocol import ApiError
+from engine.layers.onednn import bound_onednn_caches_for_children
 from engine.outputs import EngineCoreOutput, SchedulerStats
 from engine.request import Request, RequestTiming
 
@@ -105,6 +106,7 @@ class EngineClient:
 
     def start(self, timeout_s: float = 1800.0) -> EngineInfo:
         """Spawn the engine process and wait until the model is loaded (blocking)."""
+        bound_onednn_caches_for_children()
         self._process = self._ctx.Process(
             target=run_engine_core,
             args=(self.config, self._input, self._output, logging.getLogger().getEffectiveLevel()),
@@ -129,6 +131,11 @@ class EngineClient:
                 raise EngineStartupError(message[1])
             self.info = message[1]
             return self.info
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id (None before start)."""
+        return None if self._process is None else self._process.pid
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start dispatching outputs to `loop`; call from inside the running loop."""

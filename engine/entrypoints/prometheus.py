@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from engine.outputs import SchedulerStats
 from engine.request import RequestTiming
@@ -94,6 +102,11 @@ class ServerMetrics:
                        self.prefill_time, self.decode_time, self.grammar_compile_time,
                        self.grammar_bitmask_time):  # fmt: skip
             metric.labels(model_name)  # export every series from the start, at zero
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes etc. of this (API) process
+
+    def watch_engine_process(self, pid: int) -> None:
+        """Also export the engine process's memory and CPU (servelab_engine_process_*), which `bench soak` reads."""
+        ProcessCollector(namespace="servelab_engine", pid=lambda: pid, registry=self.registry)
 
     def set_engine_info(self, num_gpu_blocks: int, block_size: int, tensor_parallel_size: int) -> None:
         """vLLM's `vllm:cache_config_info` (KV blocks per rank) and the tensor-parallel size, as info gauges."""
