@@ -36,7 +36,9 @@ def soak(
     ),
     model: str | None = typer.Option(None, help="Model name to send (default: the first of /v1/models)."),
     api_key: str | None = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the target."),
-    max_model_len: int | None = typer.Option(None, help="Context limit (default: /v1/models' max_model_len, else 2048)."),
+    max_model_len: int | None = typer.Option(
+        None, help="Context limit (default: /v1/models' max_model_len, else 2048)."
+    ),
     max_tokens: int = typer.Option(64, help="Most valid requests draw max_tokens in [1, this]; long_output ones "
                                    "go up to the context limit."),
     request_timeout: float = typer.Option(60.0, help="Seconds before a request counts as a timeout."),

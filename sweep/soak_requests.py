@@ -13,8 +13,7 @@ from typing import Any
 
 # Words that tokenise to one or two tokens in the common BPE vocabularies; a prompt of W words stays under
 # PROMPT_TOKENS_PER_WORD * W tokens, which keeps a valid request inside the context limit.
-_WORDS = ("the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "from", "home", "into", "dark",
-          "woods", "where", "owls", "sing", "at", "night", "while", "stars", "shine", "above", "old", "trees")  # fmt: skip
+_WORDS = "the cat sat on a mat and then ran far away from home into dark woods where owls sing at night".split()
 PROMPT_TOKENS_PER_WORD = 2
 CHAT_TEMPLATE_TOKENS = 64  # the most a chat template adds around one user message
 _SHARED_PREFIXES = 4  # distinct shared prefixes, so prefix-cache hits and evictions both happen

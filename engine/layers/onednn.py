@@ -13,7 +13,6 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-
 # oneDNN (and ideep inside torch) keep a compiled primitive per distinct input shape, up to 1024 of each. A server's
 # batches have a new token count almost every step, so with the defaults the engine process's resident memory grew
 # by ~30 kB per request for thousands of requests (tiny-random, `bench soak`). Both variables are read when torch
