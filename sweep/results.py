@@ -100,11 +100,16 @@ class RunWriter:
         self._write_summary()
 
     def _append_rows(self, request_rows: list[dict[str, Any]]) -> None:
-        with open(self.run_dir / REQUESTS, "a") as f:
-            for row in request_rows:
-                f.write(_dumps(row, indent=None) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # One write() call: a process killed mid-append leaves whole lines (only a power loss can tear one).
+        data = "".join(_dumps(row, indent=None) + "\n" for row in request_rows).encode()
+        fd = os.open(self.run_dir / REQUESTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def finished_repeats(self) -> set[tuple[str, int]]:
         """(label, repeat) of every published repeat (`--repeats`)."""

@@ -365,6 +365,8 @@ class Sweeper:
             )
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
+        if self.server is None and point["failed"]:
+            self._check_target_healthy(spec.label, point["failed"])
         return point
 
     def _run_point(self, spec: PointSpec, title: str | None = None) -> PointRun:
@@ -404,6 +406,8 @@ class Sweeper:
             self._check_server_alive()
             point = self.point_dict(run)
             self.writer.write_repeat(point, repeat, [r.to_row(spec.label) for r in run.records])
+            if self.server is None and point["failed"]:
+                self._check_target_healthy(f"{spec.label} repeat {repeat}", point["failed"])
         self._print_row({**point, "label": f"{spec.label}.r{repeat}"})
         done = self.writer.finished_repeats()
         if spec.label not in self.writer.finished_labels() and all(
@@ -428,6 +432,25 @@ class Sweeper:
 
         cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
         point.update(cost_fields(records, duration, self.config.slo, cost))
+
+    def _check_target_healthy(self, label: str, failed: int) -> None:
+        """After a point with failures against a --url server: stop the sweep, saying so, if the server is down or
+        answers /health with a 5xx (our server answers 503 once its engine process died)."""
+        assert self.client is not None
+        root = self.client.url.removesuffix("/v1")
+        try:
+            with urllib.request.urlopen(root + "/health", timeout=10):
+                return
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                return  # no /health route (404) or it needs a key: not a verdict on the server
+            why = f"answers /health with {e.code}: {e.read()[:200].decode(errors='replace')}"
+        except (urllib.error.URLError, OSError) as e:
+            why = f"is unreachable ({getattr(e, 'reason', e)})"
+        raise RuntimeError(
+            f"point {label} finished with {failed} failed requests and is kept, but the server {root} {why}; "
+            "later points were not run: restart the server and rerun with the same flags and --resume"
+        )
 
     def _check_server_alive(self) -> None:
         """A launched engine that died mid-point fails the sweep (with its log) instead of recording failures."""
