@@ -65,7 +65,7 @@ def _send(url: str, body: bytes, method: str) -> tuple[int, bytes]:
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(route=st.sampled_from(ROUTES), method=st.sampled_from(["POST", "POST", "GET"]), body=_bodies)
 def test_fuzzed_bodies_never_get_5xx(server: LiveServer, route: str, method: str, body: bytes) -> None:
     status, answer = _send(server.url + route, body, method)

@@ -4,7 +4,9 @@ timeout, the warning when exposed without a key, sandboxed chat templates, and n
 from __future__ import annotations
 
 import ast
+import json
 import logging
+import re
 import socket
 import time
 import urllib.error
@@ -18,7 +20,7 @@ from engine.entrypoints.api_server import ServerConfig
 from engine.entrypoints.cli import is_loopback, run_server
 from engine.entrypoints.protocol import ApiError
 from engine.entrypoints.serving_chat import OpenAIServingChat
-from tests.engine.entrypoints.serve_helpers import API_KEY, LiveServer, post, start_server
+from tests.engine.entrypoints.serve_helpers import API_KEY, MODEL, LiveServer, post, start_server, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,6 +30,15 @@ def server() -> Iterator[LiveServer]:
     live = start_server("--api-key", API_KEY, "--metrics-require-api-key", "--request-timeout", "1.5")
     yield live
     live.stop()
+
+
+def _metric(server: LiveServer, name: str) -> float:
+    request = urllib.request.Request(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    match = re.search(rf'^{re.escape(name)}\{{model_name="{MODEL}"\}} (\S+)$', text, re.MULTILINE)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
 
 
 def _get(url: str, key: str | None) -> int:
@@ -66,6 +77,23 @@ def test_request_timeout_answers_504_to_a_stalled_upload(server: LiveServer) -> 
     assert answer.startswith(b"HTTP/1.1 504") and b"request_timeout" in answer
     assert waited >= 1.5  # the deadline, not an early close
     assert _get(server.url + "/v1/models", API_KEY) == 200  # and the server serves on
+
+
+def test_request_timeout_ends_a_long_stream_and_frees_the_engine(server: LiveServer) -> None:
+    """128 completions of 250 tokens overflow the 512-block KV pool (preemption): far longer than the 1.5 s limit."""
+    body = {"prompt": "hi", "n": 128, "max_tokens": 250, "ignore_eos": True, "stream": True}
+    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {API_KEY}",
+                                              "Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"  # the stream started: it ends with the error event, then [DONE]
+        assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "request_timeout"
+    except urllib.error.HTTPError as error:  # the timeout came before the first token
+        assert error.code == 504 and json.loads(error.read())["error"]["code"] == "request_timeout"
+    assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 0)
+    assert _metric(server, "vllm:kv_cache_usage_perc") == 0
 
 
 def test_server_config_rejects_bad_timeout() -> None:
