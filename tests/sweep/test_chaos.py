@@ -44,6 +44,7 @@ def _check_files_parse(run_dir: Path) -> set[str]:
     return finished
 
 
+@pytest.mark.slow
 def test_sweep_killed_at_random_moments_resumes_without_loss(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     rng = random.Random(17)
@@ -54,7 +55,7 @@ def test_sweep_killed_at_random_moments_resumes_without_loss(tmp_path: Path) -> 
         finished_before: set[str] = set()
         for attempt in range(3):  # three kills at random moments, each run resuming the last
             process = _sweep(*args, *(["--resume"] if attempt else []))
-            time.sleep(rng.uniform(3.0, 9.0))
+            time.sleep(rng.uniform(2.0, 6.0))
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             finished = _check_files_parse(run_dir)
@@ -73,7 +74,7 @@ def test_sweep_killed_at_random_moments_resumes_without_loss(tmp_path: Path) -> 
 def test_engine_killed_mid_point_then_resume_against_a_restarted_server(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     common = ["--model", "tiny-random", "--tokenizer", "tiny-random", "--no-report", "--workload", "fixed",
-              "--input-len", "16", "--output-len", "200", "--num-prompts", "24", "--output-dir", str(run_dir)]
+              "--input-len", "16", "--output-len", "64", "--num-prompts", "16", "--output-dir", str(run_dir)]
     server = start_server()
     try:
         engine_pid = max(server.descendants())  # spawned after multiprocessing's resource tracker
@@ -99,5 +100,5 @@ def test_engine_killed_mid_point_then_resume_against_a_restarted_server(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _check_files_parse(run_dir) == {"c0004", "c0008"}
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    assert sorted(r["label"] for r in rows).count("c0008") == 24 and len(rows) == 48
+    assert sorted(r["label"] for r in rows).count("c0008") == 16 and len(rows) == 32
     assert all(pid_alive(p) is False for p in _descendants(restarted.process.pid))
