@@ -53,7 +53,7 @@ def test_sweep_killed_at_random_moments_resumes_without_loss(tmp_path: Path) -> 
                 "1,2,4", "--num-prompts", str(NUM_PROMPTS), "--workload", "fixed", "--input-len", "16",
                 "--output-len", "8", "--output-dir", str(run_dir)]  # fmt: skip
         finished_before: set[str] = set()
-        for attempt in range(3):  # three kills at random moments, each run resuming the last
+        for attempt in range(2):  # two kills at random moments, each run resuming the last
             process = _sweep(*args, *(["--resume"] if attempt else []))
             time.sleep(rng.uniform(2.0, 6.0))
             os.killpg(process.pid, signal.SIGKILL)
