@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 # oneDNN (and ideep inside torch) keep a compiled primitive per distinct input shape, up to 1024 of each. A server's
 # batches have a new token count almost every step, so with the defaults the engine process's resident memory grew
-# by ~30 kB per request for thousands of requests (tiny-random, `bench soak`). Both variables are read when torch
-# loads, so they must be in the environment of a process before it starts; 16 entries cover the decode shapes in
-# use at any time and measured no slower. An explicit setting in the environment wins.
+# by ~200 kB per request for thousands of requests (tiny-random, `bench soak`, docs/BENCHMARKS.md). Both variables
+# are read when torch loads, so they must be in the environment of a process before it starts. A shape evicted from
+# the 16-entry cache is compiled again when it recurs. An explicit setting in the environment wins.
 ONEDNN_CACHE_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16", "LRU_CACHE_CAPACITY": "16"}
 
 
