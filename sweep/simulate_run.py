@@ -183,7 +183,7 @@ class Simulator:
         self.writer = results.open_run(config.output_dir, self.run_config(), resume=config.resume)
 
     def run_config(self) -> dict[str, Any]:
-        from sweep.sweeper import _machine, _versions
+        from sweep.run_info import machine, versions
 
         cfg = self.config
         return {
@@ -217,8 +217,8 @@ class Simulator:
             },
             "slo": cfg.slo,
             "percentiles": cfg.percentiles,
-            "versions": _versions(),
-            "machine": _machine(),
+            "versions": versions(),
+            "machine": machine(),
             "command": cfg.command,
         }
 

@@ -6,28 +6,21 @@ walks the configured loads or runs the `--max-load-under-slo` search. The tuner 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import shlex
-import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweep import results
 from sweep.benchmark_metrics import (
-    DEFAULT_PERCENTILES,
     calculate_metrics,
     percentile_name,
     queue_inclusive_applies,
@@ -37,171 +30,10 @@ from sweep.launcher import ServerProcess, launch
 from sweep.point_fields import extra_point_fields
 from sweep.records import RequestRecord
 from sweep.repeats import pooled_point, repeat_order
-from sweep.runner import PointRun, PointSpec, WorkloadConfig, build_prompts, run_point
+from sweep.run_info import check_reachable, client_fidelity, machine, versions
+from sweep.runner import PointRun, PointSpec, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
-
-
-@dataclass
-class SweepConfig:
-    output_dir: Path
-    mode: str = "concurrency"  # "concurrency" | "rate"
-    values: list[float] = field(default_factory=lambda: [1.0])
-    url: str | None = None  # None: launch the built-in engine
-    model: str = "smollm2-135m"
-    tokenizer: str | None = None  # default: the model
-    api_key: str | None = None
-    ignore_eos: bool = True
-    temperature: float | None = None
-    engine_knobs: dict[str, Any] = field(default_factory=dict)
-    launch_template: str | None = None  # an external server's command template (see launcher.py)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    num_prompts: int | None = None
-    duration: float | None = None
-    burstiness: float = 1.0
-    max_concurrency: int | None = None  # rate mode: optional cap on in-flight requests
-    num_warmups: int = 0
-    reset_prefix_cache: bool = False
-    slo: dict[str, float] | None = None
-    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
-    max_load_under_slo: bool = False
-    attainment: float = 0.9
-    max_load: float = 4096.0
-    search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
-    resume: bool = False
-    client_procs: int = 1
-    repeats: int = 1  # see sweep/repeats.py
-    calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
-    server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.server_metrics)
-    ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
-    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
-    think_time_s: float = 0.0
-    warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
-    cooldown_seconds: float = 0.0  # ... and the drain
-    health_timeout_s: float = 600.0
-    cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
-    gpus_per_instance: int = 1
-    command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
-
-    def __post_init__(self) -> None:
-        self.output_dir = Path(self.output_dir)
-        if self.mode not in ("concurrency", "rate", "replay"):
-            raise ValueError(f"mode must be 'concurrency', 'rate' or 'replay', got {self.mode!r}")
-        if self.mode == "replay" and (self.max_load_under_slo or any(not v > 0 for v in self.values)):
-            raise ValueError("--replay takes positive --time-scale values and no --max-load-under-slo")
-        if not self.values:
-            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
-        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
-            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
-        if self.mode == "rate" and any(not v > 0 for v in self.values):
-            raise ValueError(f"request rates must be > 0, got {self.values}")
-        if self.max_load_under_slo and not self.slo:
-            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
-        if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.repeats > 1 and self.max_load_under_slo:
-            raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
-        if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
-            raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
-        if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
-            raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
-                             "no --replay")
-        if self.search_repeats < 0:
-            raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
-        if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
-            raise ValueError(
-                f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "
-                f"{self.cooldown_seconds}"
-            )
-        if self.client_procs < 1:
-            raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
-        if self.num_prompts is None and self.duration is None:
-            self.num_prompts = 200
-        if self.cost_per_hour is not None:
-            from sweep.cost import CostConfig
-
-            CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
-        if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):
-            raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
-
-    def label(self, value: float) -> str:
-        if self.ramp_up is not None:
-            strategy, start, end = self.ramp_up
-            return f"ramp-{strategy}-{start:g}-{end:g}"
-        if self.mode == "replay":
-            from sweep.replay import replay_label
-
-            return replay_label(value)
-        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for package in ("servelab", "aiohttp", "numpy", "transformers", "torch"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _machine() -> dict[str, Any]:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": memory,
-    }
-
-
-def _pct(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    a = np.asarray(values, dtype=float) * 1000.0
-    return {"p50_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
-
-
-def client_fidelity(run: PointRun) -> dict[str, Any]:
-    """The client's own health: schedule lag, and token counts of the server against ours."""
-    records = run.records
-    ok = [r for r in records if r.success]
-    lags = [r.send_time - r.intended_send_time for r in records if r.sent]
-    out: dict[str, Any] = {"send_lag": _pct(lags), **run.extras}
-    with_both = [r for r in ok if r.usage_output_tokens and r.client_output_tokens is not None]
-    out["usage_reported"] = sum(r.usage_output_tokens is not None for r in ok)
-    if with_both:
-        diffs = [abs(r.client_output_tokens - r.usage_output_tokens) / r.usage_output_tokens for r in with_both]
-        out["output_token_discrepancy_mean"] = float(np.mean(diffs))
-        out["output_token_discrepancy_over_10pct"] = sum(d > 0.1 for d in diffs)
-    counted = [r for r in ok if not r.usage_output_tokens and r.client_output_tokens]
-    if counted:  # no usage: chunks were counted as one token each; re-tokenising says how far off that is
-        out["chunks_vs_retokenized_mismatch"] = sum(sum(r.chunk_tokens) != r.client_output_tokens for r in counted)
-        out["retokenized_tokens_per_chunk_mean"] = float(
-            sum(r.client_output_tokens for r in counted) / max(1, sum(len(r.chunk_times) for r in counted))
-        )
-    streamed = [r for r in ok if r.usage_output_tokens]
-    if streamed:
-        out["chunk_token_sum_mismatch"] = sum(sum(r.chunk_tokens) != r.usage_output_tokens for r in streamed)
-        out["tokens_per_chunk_mean"] = float(
-            sum(r.usage_output_tokens for r in streamed) / max(1, sum(len(r.chunk_times) for r in streamed))
-        )
-    return out
-
-
-def check_reachable(url: str, api_key: str | None) -> None:
-    """GET {url}/models: an unreachable server or a rejected key fails before any file is written."""
-    request = urllib.request.Request(url.rstrip("/") + "/models")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        urllib.request.urlopen(request, timeout=10).close()
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            raise RuntimeError(f"{url} rejected the API key (HTTP {e.code}); pass --api-key") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise RuntimeError(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None
+from sweep.sweep_config import SweepConfig
 
 
 class Sweeper:
@@ -301,8 +133,8 @@ class Sweeper:
             },
             "slo": cfg.slo,
             "percentiles": cfg.percentiles,
-            "versions": _versions(),
-            "machine": _machine(),
+            "versions": versions(),
+            "machine": machine(),
             "calibration": self.calibration,
             "command": cfg.command,
         }

@@ -177,8 +177,8 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
 
 def test_client_fidelity_audits_token_counts() -> None:
     from sweep.records import RequestRecord
+    from sweep.run_info import client_fidelity
     from sweep.runner import PointRun, PointSpec
-    from sweep.sweeper import client_fidelity
 
     def rec(index: int, chunks: list[int], usage: int | None, retokenized: int) -> RequestRecord:
         r = RequestRecord(index, 4, sum(chunks), intended_send_time=0.0, send_time=0.25, success=True)

@@ -1,0 +1,85 @@
+"""What a sweep records about its run besides the points: versions, the machine, the client's own health,
+and the reachability check of a target URL."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+from sweep.runner import PointRun
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for package in ("servelab", "aiohttp", "numpy", "transformers", "torch"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict[str, Any]:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory,
+    }
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values, dtype=float) * 1000.0
+    return {"p50_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max())}
+
+
+def client_fidelity(run: PointRun) -> dict[str, Any]:
+    """The client's own health: schedule lag, and token counts of the server against ours."""
+    records = run.records
+    ok = [r for r in records if r.success]
+    lags = [r.send_time - r.intended_send_time for r in records if r.sent]
+    out: dict[str, Any] = {"send_lag": _pct(lags), **run.extras}
+    with_both = [r for r in ok if r.usage_output_tokens and r.client_output_tokens is not None]
+    out["usage_reported"] = sum(r.usage_output_tokens is not None for r in ok)
+    if with_both:
+        diffs = [abs(r.client_output_tokens - r.usage_output_tokens) / r.usage_output_tokens for r in with_both]
+        out["output_token_discrepancy_mean"] = float(np.mean(diffs))
+        out["output_token_discrepancy_over_10pct"] = sum(d > 0.1 for d in diffs)
+    counted = [r for r in ok if not r.usage_output_tokens and r.client_output_tokens]
+    if counted:  # no usage: chunks were counted as one token each; re-tokenising says how far off that is
+        out["chunks_vs_retokenized_mismatch"] = sum(sum(r.chunk_tokens) != r.client_output_tokens for r in counted)
+        out["retokenized_tokens_per_chunk_mean"] = float(
+            sum(r.client_output_tokens for r in counted) / max(1, sum(len(r.chunk_times) for r in counted))
+        )
+    streamed = [r for r in ok if r.usage_output_tokens]
+    if streamed:
+        out["chunk_token_sum_mismatch"] = sum(sum(r.chunk_tokens) != r.usage_output_tokens for r in streamed)
+        out["tokens_per_chunk_mean"] = float(
+            sum(r.usage_output_tokens for r in streamed) / max(1, sum(len(r.chunk_times) for r in streamed))
+        )
+    return out
+
+
+def check_reachable(url: str, api_key: str | None) -> None:
+    """GET {url}/models: an unreachable server or a rejected key fails before any file is written."""
+    request = urllib.request.Request(url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise RuntimeError(f"{url} rejected the API key (HTTP {e.code}); pass --api-key") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise RuntimeError(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None

@@ -1,0 +1,106 @@
+"""`SweepConfig`: everything one `bench sweep` is asked to do, validated on construction."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep import results
+from sweep.benchmark_metrics import DEFAULT_PERCENTILES
+from sweep.runner import WorkloadConfig
+
+
+@dataclass
+class SweepConfig:
+    output_dir: Path
+    mode: str = "concurrency"  # "concurrency" | "rate"
+    values: list[float] = field(default_factory=lambda: [1.0])
+    url: str | None = None  # None: launch the built-in engine
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None  # default: the model
+    api_key: str | None = None
+    ignore_eos: bool = True
+    temperature: float | None = None
+    engine_knobs: dict[str, Any] = field(default_factory=dict)
+    launch_template: str | None = None  # an external server's command template (see launcher.py)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    num_prompts: int | None = None
+    duration: float | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None  # rate mode: optional cap on in-flight requests
+    num_warmups: int = 0
+    reset_prefix_cache: bool = False
+    slo: dict[str, float] | None = None
+    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
+    max_load_under_slo: bool = False
+    attainment: float = 0.9
+    max_load: float = 4096.0
+    search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
+    resume: bool = False
+    client_procs: int = 1
+    repeats: int = 1  # see sweep/repeats.py
+    calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
+    server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.server_metrics)
+    ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
+    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
+    think_time_s: float = 0.0
+    warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
+    cooldown_seconds: float = 0.0  # ... and the drain
+    health_timeout_s: float = 600.0
+    cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
+    gpus_per_instance: int = 1
+    command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        if self.mode not in ("concurrency", "rate", "replay"):
+            raise ValueError(f"mode must be 'concurrency', 'rate' or 'replay', got {self.mode!r}")
+        if self.mode == "replay" and (self.max_load_under_slo or any(not v > 0 for v in self.values)):
+            raise ValueError("--replay takes positive --time-scale values and no --max-load-under-slo")
+        if not self.values:
+            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
+        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
+            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
+        if self.mode == "rate" and any(not v > 0 for v in self.values):
+            raise ValueError(f"request rates must be > 0, got {self.values}")
+        if self.max_load_under_slo and not self.slo:
+            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.repeats > 1 and self.max_load_under_slo:
+            raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
+        if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
+            raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
+        if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
+            raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
+                             "no --replay")
+        if self.search_repeats < 0:
+            raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
+        if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
+            raise ValueError(
+                f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "
+                f"{self.cooldown_seconds}"
+            )
+        if self.client_procs < 1:
+            raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
+        if self.num_prompts is None and self.duration is None:
+            self.num_prompts = 200
+        if self.cost_per_hour is not None:
+            from sweep.cost import CostConfig
+
+            CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
+        if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):
+            raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
+
+    def label(self, value: float) -> str:
+        if self.ramp_up is not None:
+            strategy, start, end = self.ramp_up
+            return f"ramp-{strategy}-{start:g}-{end:g}"
+        if self.mode == "replay":
+            from sweep.replay import replay_label
+
+            return replay_label(value)
+        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
