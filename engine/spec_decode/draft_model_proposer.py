@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.request import Request
