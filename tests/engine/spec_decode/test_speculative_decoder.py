@@ -129,3 +129,42 @@ def test_kv_blocks_are_all_free_and_no_rejected_draft_is_cached(small_vocab_mode
     real = {h for r in requests for h in hash_full_blocks(r.all_token_ids, manager.block_size, None)}
     cached = set(manager.block_pool.cached_block_hash_to_block)
     assert cached and cached <= real
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_penalties_stop_ids_min_and_max_tokens_behave_as_without_speculation(
+    method: str, small_vocab_models: SmallVocabModels
+) -> None:
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.4, max_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=0.0, stop_token_ids=[7, 9], min_tokens=3, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+    ]
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3] for _ in params]  # every prompt with every params
+    results = []
+    for config in (None, spec_config(method, 4, small_vocab_models)):
+        llm = LLM(small_vocab_models.target, dtype="float32", max_model_len=128, speculative_config=config)
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params * 3, use_tqdm=False)]
+        results.append([(o.token_ids, o.finish_reason, o.stop_reason) for o in outputs])
+    assert results[0] == results[1]
+    assert any(stop in (7, 9) for _, _, stop in results[0])  # a stop id ended some request
+
+
+def test_a_stop_string_inside_an_accepted_run_ends_the_request_there() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = LLM("tiny-random", dtype="float32", max_model_len=128)
+    prompt = {"prompt_token_ids": list(range(1000, 1012))}
+    text = plain.generate(prompt, params, use_tqdm=False)[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 4]
+    stopped = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+    expected = plain.generate(prompt, stopped, use_tqdm=False)[0].outputs[0]
+    # The target as its own draft: every draft is accepted, so the stop string lands inside a run of 5 tokens.
+    config = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 4}
+    spec = LLM("tiny-random", dtype="float32", max_model_len=128, speculative_config=config)
+    got = spec.generate(prompt, stopped, use_tqdm=False)[0].outputs[0]
+    assert (got.text, got.token_ids, got.stop_reason) == (expected.text, expected.token_ids, stop)
+    stats = spec.llm_engine.get_stats().spec_decoding_stats
+    assert stats is not None and stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert spec.llm_engine.engine_core.spec_decoder.draft_model.num_free_blocks == (  # type: ignore[union-attr]
+        spec.llm_engine.engine_core.spec_decoder.draft_model.kv_cache_manager.num_blocks  # type: ignore[union-attr]
+    )
