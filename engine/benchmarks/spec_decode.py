@@ -137,6 +137,10 @@ def measure(model: str, prompts: list[_Prompt], ks: list[int], concurrencies: li
                 elif concurrency in reference:
                     point.outputs_match = tokens == reference[concurrency]
                 points.append(point)
+                bar.console.print(
+                    f"K={k} concurrency={concurrency}: {point.output_tokens_per_second:.1f} output tok/s, "
+                    f"mean TPOT {point.mean_tpot_ms:.1f} ms, acceptance {point.acceptance_rate}"
+                )
             del llm, engine
     baseline = {p.concurrency: p.output_tokens_per_second for p in points if p.num_speculative_tokens == 0}
     for point in points:
