@@ -10,7 +10,7 @@ from engine import LLM, SamplingParams
 from workloads.copy_heavy import copy_heavy
 
 KNOBS = {"dtype": "float32", "max_model_len": 512, "block_size": 16, "max_num_batched_tokens": 64,
-         "num_gpu_blocks_override": 24, "enable_prefix_caching": True}  # fmt: skip
+         "num_gpu_blocks_override": 16, "enable_prefix_caching": True}  # fmt: skip
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24)
 
 
