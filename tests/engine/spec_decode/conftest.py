@@ -1,23 +1,12 @@
-"""Models for the speculative-decoding tests: a 16-token-vocabulary target, so prompt lookup finds n-grams and a
-chi-square over outputs has few cells, and a draft made of the target's weights plus noise (it agrees with the
-target often, not always)."""
+"""The small-vocabulary target and draft checkpoints of the speculative-decoding tests (spec_decode_models.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
+from spec_decode_models import SMALL_VOCAB_CONFIG, SmallVocabModels
 
-from engine.model_files import TINY_RANDOM_CONFIG, random_state_dict, write_hf_checkpoint
-
-SMALL_VOCAB_CONFIG = {**TINY_RANDOM_CONFIG, "vocab_size": 16, "bos_token_id": 1, "eos_token_id": 2}
-
-
-@dataclass(frozen=True)
-class SmallVocabModels:
-    target: str
-    draft: str
+from engine.model_files import random_state_dict, write_hf_checkpoint
 
 
 @pytest.fixture(scope="session")

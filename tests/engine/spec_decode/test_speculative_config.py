@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_VOCAB_CONFIG, SmallVocabModels
+from spec_decode_models import SMALL_VOCAB_CONFIG, SmallVocabModels
 
 from engine.config import ConfigError, EngineConfig, SchedulerConfig, SpeculativeConfig
 from engine.model_files import random_state_dict, write_hf_checkpoint

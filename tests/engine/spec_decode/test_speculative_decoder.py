@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import SmallVocabModels
+from spec_decode_models import SmallVocabModels
 
 from engine import LLM, SamplingParams
 from engine.block_pool import hash_full_blocks
