@@ -24,7 +24,7 @@ app = typer.Typer(
 
 # The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
 # get the report renderer and the workload loader from here.
-engine.commands.register(app, load_workload=workloads.load)
+engine.commands.register(app, load_workload=workloads.load, load_texts=workloads.load_texts)
 workloads.commands.register(app)
 sweep.commands.register(app, render_report=reports.render_report)
 sweep.tune.commands.register(app, render_report=reports.render_report)

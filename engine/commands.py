@@ -10,9 +10,12 @@ if TYPE_CHECKING:
     from engine.benchmarks.throughput import WorkloadLoader
 
 
-def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> None:
+def register(
+    app: typer.Typer, load_workload: WorkloadLoader | None = None, load_texts: WorkloadLoader | None = None
+) -> None:
     """Add this package's commands to the `bench` app; `bench throughput --workload` draws its lengths with
-    `load_workload` (it reaches the command as its context's `obj`)."""
+    `load_workload` (it reaches the command as its context's `obj`), `bench spec-decode` also takes text workloads
+    from `load_texts`."""
     from engine.entrypoints.cli import serve
 
     app.command("serve")(serve)
@@ -49,3 +52,8 @@ def register(app: typer.Typer, load_workload: WorkloadLoader | None = None) -> N
     from engine.benchmarks.structured_outputs import structured_outputs_bench
 
     app.command("structured-outputs")(structured_outputs_bench)
+
+    from engine.benchmarks.spec_decode import spec_decode
+
+    loaders = None if load_workload is None or load_texts is None else (load_workload, load_texts)
+    app.command("spec-decode", context_settings={"obj": loaders})(spec_decode)

@@ -9,6 +9,7 @@ everywhere.
 
 from __future__ import annotations
 
+import json
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
@@ -20,6 +21,7 @@ QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8")
 QUANTIZATION_GROUP_SIZES = (32, 64, 128)
 QUANTIZATION_SKIPPABLE = ("lm_head", "embed_tokens")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 class ConfigError(ValueError):
@@ -186,6 +188,90 @@ class CacheConfig:
         )
 
 
+def _ngram_json(num_speculative_tokens: int) -> str:
+    return json.dumps({"method": "ngram", "num_speculative_tokens": num_speculative_tokens})
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """The parsed `speculative_config` knob, with vLLM's field names and defaults.
+
+    `ngram` proposes the tokens that followed the last earlier occurrence of the request's final n tokens
+    (n from prompt_lookup_max down to prompt_lookup_min); `draft_model` runs `model`, a smaller model with the
+    target's vocabulary, for num_speculative_tokens tokens ahead.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> SpeculativeConfig | None:
+        """None (speculation off) for no config; a ConfigError naming the field for a bad one."""
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"speculative_config is not valid JSON ({error}): {raw!r}") from None
+        _check(isinstance(data, dict), f"speculative_config must be a JSON object, got {raw!r}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        _check(not unknown, f"speculative_config: unknown field(s) {unknown}; the fields are {names}")
+        method = data.get("method") or ("draft_model" if data.get("model") else None)
+        _check(
+            method in SPECULATIVE_METHODS,
+            f"speculative_config.method must be one of {SPECULATIVE_METHODS}, got {data.get('method')!r}",
+        )
+        k = data.get("num_speculative_tokens")
+        _check(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+            f"speculative_config.num_speculative_tokens must be an integer >= 1, got {k!r}",
+        )
+        lookup_max, lookup_min = data.get("prompt_lookup_max"), data.get("prompt_lookup_min")
+        if method == "ngram":
+            _check(data.get("model") is None, "speculative_config.model is for method draft_model, not ngram")
+            lookup_max, lookup_min = lookup_max or lookup_min or 5, lookup_min or lookup_max or 5
+            _check(
+                isinstance(lookup_min, int) and isinstance(lookup_max, int) and 1 <= lookup_min <= lookup_max,
+                f"speculative_config.prompt_lookup_min ({lookup_min}) must be >= 1 and <= prompt_lookup_max "
+                f"({lookup_max})",
+            )
+        else:
+            _check(
+                isinstance(data.get("model"), str) and bool(data["model"]),
+                "speculative_config.model must name the draft model (an alias, HF directory or hub id)",
+            )
+            _check(
+                lookup_max is None and lookup_min is None,
+                "speculative_config.prompt_lookup_max/min are for method ngram, not draft_model",
+            )
+        return cls(method, k, data.get("model"), lookup_max, lookup_min)
+
+    def check_draft_model(self, target_model: str, max_model_len: int) -> None:
+        """A draft model must share the target's vocabulary and hold max_model_len + its lookahead tokens."""
+        from engine.model_files import load_hf_config, resolve_model
+        from engine.models.arch_config import ArchConfig
+
+        assert self.model is not None
+        draft = ArchConfig.from_hf(load_hf_config(resolve_model(self.model)))
+        target = ArchConfig.from_hf(load_hf_config(resolve_model(target_model)))
+        _check(
+            draft.vocab_size == target.vocab_size,
+            f"speculative_config.model {self.model!r} has a vocabulary of {draft.vocab_size} tokens, the target "
+            f"{target_model!r} {target.vocab_size}: a draft model must share the target's tokenizer",
+        )
+        needed = max_model_len + self.num_speculative_tokens
+        _check(
+            draft.max_model_len >= needed,
+            f"speculative_config.model {self.model!r} has a context length of {draft.max_model_len}, fewer than "
+            f"max_model_len ({max_model_len}) + num_speculative_tokens ({self.num_speculative_tokens}); lower "
+            "max_model_len or use another draft",
+        )
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = knob(
@@ -206,8 +292,17 @@ class SchedulerConfig:
         help="Benchmarking aid, never for serving: sleep this long in every step that runs the model, to check "
         "that `bench gate` catches a known slow-down (docs/GATE.md).",
     )
+    speculative_config: str | None = knob(
+        None,
+        help='Speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4} or '
+        '{"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 3} (default: off).',
+        search=SearchRange(cpu=(None, *(_ngram_json(k) for k in (2, 4, 6)))),
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...}) passes the dict itself
+            self.speculative_config = json.dumps(self.speculative_config)
+        SpeculativeConfig.from_json(self.speculative_config)  # a bad config fails here, naming its field
         _check(self.max_num_seqs > 0, f"max_num_seqs must be positive, got {self.max_num_seqs}")
         _check(
             self.max_num_batched_tokens > 0,
@@ -326,9 +421,11 @@ class EngineConfig:
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative_config: SpeculativeConfig | None = field(init=False, default=None)  # parsed from the knob
 
     def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
+        self.speculative_config = SpeculativeConfig.from_json(sc.speculative_config)
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)
         if self.parallel_config.tensor_parallel_size > 1:
@@ -360,4 +457,7 @@ class EngineConfig:
             mc.max_model_len <= context_length,
             f"max_model_len={mc.max_model_len} exceeds the model's context length {context_length}",
         )
+        speculative = SpeculativeConfig.from_json(parts["scheduler_config"].speculative_config)
+        if speculative is not None and speculative.method == "draft_model":
+            speculative.check_draft_model(mc.model, mc.max_model_len)
         return cls(**parts)

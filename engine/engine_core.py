@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -15,6 +16,7 @@ from engine.prompt_logprobs import attach_prompt_logprobs, take_prompt_logprobs
 from engine.request import Request
 from engine.sampler import Sampler, SamplingMetadata
 from engine.scheduler import Scheduler
+from engine.spec_decode import SpeculativeDecoder
 from engine.structured_output.manager import StructuredOutputManager, load_xgrammar_backend
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class EngineCore:
             lambda: load_xgrammar_backend(config, self.vocab_size, self.eos_token_ids), self.vocab_size
         )
         self.scheduler.structured_output_manager = self.structured_output_manager
+        self.spec_decoder = SpeculativeDecoder.from_config(config, self.num_gpu_blocks)  # None: no speculation
 
     def add_request(self, request: Request) -> None:
         """Queue a request built by engine.processor.Processor (which validated its token ids, seed and EOS ids);
@@ -58,12 +61,18 @@ class EngineCore:
         for request in self.scheduler.finish_requests(request_ids):
             self._generators.pop(request.request_id, None)
         self.structured_output_manager.remove(request_ids)
+        if self.spec_decoder is not None:
+            self.spec_decoder.free(request_ids)
 
     def step(self) -> list[EngineCoreOutput]:
         if not self.scheduler.has_unfinished_requests():
             return []
         failed = self._finish_failed_grammars()
+        if self.spec_decoder is not None:
+            self.spec_decoder.propose(self.scheduler.running, self._generators)
         scheduler_output = self.scheduler.schedule()
+        if self.spec_decoder is not None:
+            self.spec_decoder.after_schedule(scheduler_output, self.scheduler.requests)
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         self.structured_output_manager.rebuild(scheduler_output.preempted_request_ids)
@@ -92,19 +101,26 @@ class EngineCore:
             grammar = self.structured_output_manager.fill_bitmask(sampling)
             if grammar is not None:
                 metadata.grammar_bitmask, metadata.grammar_rows = grammar
-            sampler_output = self.sampler(logits, metadata)
+            if self.spec_decoder is not None:
+                sampler_output = self.spec_decoder.sample(self.sampler, logits, metadata, sampling)
+            else:
+                sampler_output = self.sampler(logits, metadata)
             logprobs = []
             start = 0
             for scheduled in sampling:
                 end = start + scheduled.num_logits_rows
                 accepted = accept_drafts(scheduled.spec_token_ids, sampler_output.sampled_token_ids[start:end])
                 sampled_token_ids.append(accepted)
+                if self.spec_decoder is not None:
+                    self.spec_decoder.observe(scheduled, accepted)
                 row_logprobs = sampler_output.logprobs[start : start + len(accepted)]
                 logprobs.append(None if row_logprobs[0] is None else row_logprobs)  # type: ignore[arg-type]
                 start = end
         outputs = self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
         attach_prompt_logprobs(scheduler_output, outputs)
         self.structured_output_manager.advance(sampling)
+        if self.spec_decoder is not None:
+            self.spec_decoder.free([output.request_id for output in outputs if output.finish_reason is not None])
         return failed + outputs
 
     def _finish_failed_grammars(self) -> list[EngineCoreOutput]:
@@ -136,7 +152,10 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        if self.spec_decoder is not None:
+            stats.spec_decoding_stats = copy.deepcopy(self.spec_decoder.stats)
+        return stats
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

@@ -52,6 +52,37 @@ class RequestOutput:
 
 
 @dataclass
+class SpecDecodingStats:
+    """Cumulative speculative-decoding counters (vLLM's `vllm:spec_decode_*` meanings).
+
+    num_drafts: request-steps that verified at least one draft token; num_draft_tokens: draft tokens verified;
+    num_accepted_tokens: of those, the ones the target accepted; num_accepted_tokens_per_pos[i]: accepted draft
+    tokens at draft position i (0-based), one slot per num_speculative_tokens.
+    """
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one request-step that verified `num_draft_tokens` drafts and accepted the first
+        `num_accepted_tokens`."""
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for position in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[position] += 1
+
+
+@dataclass
 class SchedulerStats:
     """Gauges and counters behind /metrics (vLLM's names)."""
 
@@ -63,3 +94,4 @@ class SchedulerStats:
     num_preemptions: int = 0  # cumulative
     num_prompt_tokens: int = 0  # cumulative prompt tokens computed
     num_generation_tokens: int = 0  # cumulative generated tokens
+    spec_decoding_stats: SpecDecodingStats | None = None  # None when speculative decoding is off

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import arrivals, mixes, prefix, structured, synthetic
+from workloads import arrivals, copy_heavy, mixes, prefix, structured, synthetic
 from workloads.fidelity import fidelity
 from workloads.fit import FIT_POLICIES, fit_to_model
 from workloads.loaders import load_trace
@@ -74,6 +74,9 @@ __all__ = [
     "synthesize",
     "synthetic",
     "GENERATORS",
+    "TEXT_WORKLOADS",
+    "copy_heavy",
+    "load_texts",
 ]
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -151,6 +154,18 @@ GENERATORS: dict[str, Callable[..., list[RequestSpec]]] = {
     "shared-prefix": _shared_prefix,
     "structured": _structured,
 }
+
+
+# Workloads given as text (their point is what the prompts say, not their lengths): name -> generator of
+# copy_heavy.TextRequest lists, called as (num_requests, seed, output_len=...).
+TEXT_WORKLOADS: dict[str, Callable[..., list[copy_heavy.TextRequest]]] = {"copy-heavy": copy_heavy.copy_heavy}
+
+
+def load_texts(name: str, *, num_requests: int, seed: int = 0, output_len: int = 128) -> list[copy_heavy.TextRequest]:
+    """The requests of a text workload (TEXT_WORKLOADS), `num_requests` of them, seeded."""
+    if name not in TEXT_WORKLOADS:
+        raise ValueError(f"unknown text workload {name!r}; the text workloads are {sorted(TEXT_WORKLOADS)}")
+    return TEXT_WORKLOADS[name](num_requests, seed, output_len=output_len)
 
 
 def _mixture(spec: str, num_requests: int, seed: int) -> list[RequestSpec]:

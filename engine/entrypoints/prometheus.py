@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine.outputs import SchedulerStats
+from engine.outputs import SchedulerStats, SpecDecodingStats
 from engine.request import RequestTiming
 
 if TYPE_CHECKING:
@@ -46,6 +46,13 @@ _COUNTERS = {
     "num_preemptions": ("vllm:num_preemptions", "Cumulative number of preemptions."),
     "num_prompt_tokens": ("vllm:prompt_tokens", "Number of prefill tokens processed."),
     "num_generation_tokens": ("vllm:generation_tokens", "Number of generation tokens processed."),
+}
+
+# SpecDecodingStats cumulative field → counter name (vLLM's; registered once the engine reports speculation).
+_SPEC_DECODE_COUNTERS = {
+    "num_drafts": ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    "num_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    "num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
 }
 
 
@@ -97,6 +104,8 @@ class ServerMetrics:
             _GRAMMAR_BITMASK_BUCKETS,
         )
         self._last_stats = SchedulerStats()
+        self._spec_counters: dict[str, Counter] = {}
+        self._spec_per_pos: Counter | None = None
         for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage,
                        *self.counters.values(), self.ttft, self.itl, self.e2e, self.queue_time,
                        self.prefill_time, self.decode_time, self.grammar_compile_time,
@@ -126,7 +135,28 @@ class ServerMetrics:
             delta = getattr(stats, field) - getattr(self._last_stats, field)
             if delta > 0:  # a prefix-cache reset may restart the engine's totals
                 counter.labels(name).inc(delta)
+        if stats.spec_decoding_stats is not None:
+            self._update_spec_decoding(stats.spec_decoding_stats, self._last_stats.spec_decoding_stats)
         self._last_stats = stats
+
+    def _update_spec_decoding(self, stats: SpecDecodingStats, last: SpecDecodingStats | None) -> None:
+        """vLLM's four spec-decode counters, created when the engine first reports them (speculation is on)."""
+        name = self.model_name
+        if self._spec_per_pos is None:
+            self._spec_counters = {
+                field: Counter(metric, doc, ["model_name"], registry=self.registry)
+                for field, (metric, doc) in _SPEC_DECODE_COUNTERS.items()
+            }
+            self._spec_per_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                ["model_name", "position"], registry=self.registry,
+            )  # fmt: skip
+        last = last or SpecDecodingStats(stats.num_spec_tokens)
+        for field, counter in self._spec_counters.items():
+            counter.labels(name).inc(max(getattr(stats, field) - getattr(last, field), 0))
+        per_pos = zip(stats.num_accepted_tokens_per_pos, last.num_accepted_tokens_per_pos, strict=True)
+        for position, (accepted, before) in enumerate(per_pos):
+            self._spec_per_pos.labels(name, str(position)).inc(max(accepted - before, 0))
 
     def observe_tokens(self, stream: RequestStream, now: float) -> None:
         if stream.first_token_api_time is None:

@@ -23,6 +23,7 @@ KNOB_VALUES: dict[str, Any] = {
     "gpu_memory_utilization": 0.5, "num_gpu_blocks_override": 20, "max_num_seqs": 3, "max_num_batched_tokens": 96,
     "enable_chunked_prefill": False, "inject_step_delay_ms": 1.5, "tensor_parallel_size": 2, "cpu_threads": 1,
     "attention_backend": "torch",
+    "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}',
 }  # fmt: skip
 
 

@@ -76,3 +76,26 @@ def test_grammar_histograms_count_constrained_requests_only() -> None:
     assert sample(text, "servelab:request_grammar_compile_time_seconds_sum") == 0.04
     assert sample(text, "servelab:grammar_bitmask_time_per_step_seconds_count") == 1
     assert abs(sample(text, "servelab:grammar_bitmask_time_per_step_seconds_sum") - 0.0005) < 1e-12
+
+
+def test_spec_decode_counters_have_vllms_names_and_meanings() -> None:
+    from engine.outputs import SpecDecodingStats
+
+    metrics = ServerMetrics("m")
+    metrics.update_stats(SchedulerStats())
+    assert "spec_decode" not in metrics.render().decode()  # only an engine that speculates reports them
+    stats = SpecDecodingStats(num_spec_tokens=3)
+    stats.observe(3, 2)  # a request verified 3 drafts and the target accepted the first 2
+    stats.observe(2, 0)
+    metrics.update_stats(SchedulerStats(spec_decoding_stats=stats))
+    stats = SpecDecodingStats(3, stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+                              list(stats.num_accepted_tokens_per_pos))  # fmt: skip
+    stats.observe(3, 3)
+    metrics.update_stats(SchedulerStats(spec_decoding_stats=stats))
+    text = metrics.render().decode()
+    assert sample(text, "vllm:spec_decode_num_drafts_total") == 3
+    assert sample(text, "vllm:spec_decode_num_draft_tokens_total") == 8
+    assert sample(text, "vllm:spec_decode_num_accepted_tokens_total") == 5
+    per_pos = dict(re.findall(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{model_name="m",position="(\d)"\} '
+                              r"(\S+)$", text, re.MULTILINE))  # fmt: skip
+    assert per_pos == {"0": "2.0", "1": "2.0", "2": "1.0"}

@@ -21,7 +21,7 @@ def grid(tmp_path: Path) -> dict:
     path = tmp_path / "space.json"
     path.write_text('{"max_num_seqs": {"choices": [1, 2, 4, 8]}, "block_size": {"choices": [16, 32]},'
                     '"enable_prefix_caching": {"choices": [false, true]}, "max_num_batched_tokens": {"fixed": 512},'
-                    '"enable_chunked_prefill": null, "max_model_len": null}')
+                    '"enable_chunked_prefill": null, "max_model_len": null, "speculative_config": null}')
     space = build_space(DEVICE, path)
     spec = ObjectiveSpec(kind="goodput", load=16)
     study = open_study(storage_url(None, tmp_path), "grid", spec, seed=0, info={}, grid=space.grid())

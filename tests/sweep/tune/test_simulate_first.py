@@ -25,7 +25,7 @@ def space(tmp_path: Path, tensor_parallel_size: int = 1):
                     '"max_num_batched_tokens": {"fixed": 2048}, "enable_chunked_prefill": {"fixed": true},'
                     '"enable_prefix_caching": {"fixed": true}, "gpu_memory_utilization": {"fixed": 0.9},'
                     f'"tensor_parallel_size": {{"fixed": {tensor_parallel_size}}},'
-                    '"max_model_len": null}')  # fmt: skip
+                    '"max_model_len": null, "speculative_config": null}')  # fmt: skip
     return build_space(DEVICE, path)
 
 

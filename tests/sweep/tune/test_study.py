@@ -35,7 +35,8 @@ def small_space(tmp_path: Path):
     path = tmp_path / "space.json"
     path.write_text('{"max_num_seqs": {"choices": [1, 2, 4, 8]}, "block_size": {"choices": [16, 32]},'
                     '"max_num_batched_tokens": {"fixed": 2048}, "enable_chunked_prefill": {"fixed": true},'
-                    '"enable_prefix_caching": {"choices": [false, true]}, "max_model_len": null}')
+                    '"enable_prefix_caching": {"choices": [false, true]}, "max_model_len": null,'
+                    '"speculative_config": null}')
     return build_space(DEVICE, path)
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from tune_fakes import FakeBackend
@@ -31,7 +32,7 @@ def test_single_objective_report_has_history_importances_slices_and_the_best_com
     assert page.count("data:image/png;base64,") == 3
     assert len(best) == 1 and best[0]["serve_command"].startswith("bench serve tiny-random ")
     assert best[0]["launch_command"].startswith("vllm serve tiny-random --port 8000 --")
-    assert best[0]["serve_command"] in page.replace("&#x27;", "'")
+    assert best[0]["serve_command"] in html.unescape(page)
 
 
 def test_pareto_report_has_the_front(tmp_path: Path) -> None:
