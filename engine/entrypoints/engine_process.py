@@ -10,11 +10,14 @@ API process can report engine-side timing even for requests it ends itself (stop
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import multiprocessing
+import os
 import queue
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from engine.engine_core import EngineCore
 
 _PARENT_CHECK_INTERVAL_S = 1.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass
@@ -66,6 +70,7 @@ def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any, l
     dies instead, the busy loop notices and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     # A spawned process starts with bare logging: show the engine's own lines (KV blocks, load progress) too.
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -78,6 +83,19 @@ def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any, l
         return
     output_queue.put(("ready", info))
     _busy_loop(core, input_queue, output_queue)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this process when the API process dies, wherever this process is (loading the
+    model, waiting for tensor-parallel ranks); the busy loop's own parent check covers only the loop. The API
+    process starts the engine from its main thread, which lives as long as it does (the signal follows the
+    thread that started the child)."""
+    parent = multiprocessing.parent_process()
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent.pid:  # the API process died before prctl took effect
+        os._exit(1)
 
 
 def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:

@@ -81,6 +81,17 @@ def test_engine_death_gives_503() -> None:
         assert live.stop(signal.SIGTERM, timeout=60) == 0
 
 
+def test_a_killed_server_leaves_no_engine_or_rank_behind() -> None:
+    """SIGKILL of the API process alone (no graceful shutdown): the engine process and its tensor-parallel ranks
+    follow it, the way a tuner trial's server goes when the tuner is killed."""
+    live = start_server("--tensor-parallel-size", "2")
+    children = live.descendants()
+    assert len([pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]) >= 3
+    live.process.kill()
+    live.process.wait(timeout=30)
+    assert wait_until(lambda: not [pid for pid in children if pid_alive(pid)], timeout=30)
+
+
 def test_start_up_failures_exit_non_zero() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
