@@ -129,7 +129,8 @@ def test_external_template_open_loop_repeats_and_pruning_against_the_mock(tmp_pa
     """The mock streams with a gap of `max_num_seqs` ms per token: 32 misses tpot=15 at every rate (pruned)."""
     out = tmp_path / "study"
     space = {"max_num_seqs": {"choices": [2, 32]}, "enable_prefix_caching": None, "max_num_batched_tokens": None,
-             "enable_chunked_prefill": None, "max_model_len": None, "block_size": None}
+             "enable_chunked_prefill": None, "max_model_len": None, "block_size": None, "tensor_parallel_size": None,
+             "speculative_config": None}
     template = f"{sys.executable} -m sweep.mock_server --port {{port}} --ttft-ms 5 --itl-ms {{max_num_seqs}}"
     command = [BENCH, "tune", "--model", "mock", "--tokenizer", "tiny-random", "--slo", "tpot=15",
                "--attainment", "0.5", "--request-rate", "2", "--max-load", "8", "--repeats", "2", "--grid",
@@ -152,7 +153,8 @@ def test_external_template_open_loop_repeats_and_pruning_against_the_mock(tmp_pa
 
 
 MOCK_SPACE = {"max_num_seqs": {"fixed": 2}, "enable_prefix_caching": None, "max_num_batched_tokens": None,
-              "enable_chunked_prefill": None, "max_model_len": None, "block_size": None}
+              "enable_chunked_prefill": None, "max_model_len": None, "block_size": None, "tensor_parallel_size": None,
+             "speculative_config": None}
 
 
 @pytest.mark.slow
