@@ -5,15 +5,12 @@ from __future__ import annotations
 import typer
 
 import engine.commands
-import engine.cpu_threads
 import reports.commands
 import sweep.commands
 import sweep.simulate_commands
 import sweep.tune.commands
 import workloads
 import workloads.commands
-
-engine.cpu_threads.set_default_omp_wait_policy()  # before any command loads torch (none does on import)
 
 app = typer.Typer(
     name="bench",
