@@ -125,20 +125,27 @@ class SamplerOutput:
     logprobs: list[list[Logprob] | None]  # per row: sampled token's Logprob, then the top-N; None if not asked
 
 
+def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 logits after the grammar bitmask, min_tokens and penalties, and the log-softmax the logprobs report
+    (taken after the bitmask, before min_tokens and penalties; None when no row asks for logprobs)."""
+    logits = logits.to(torch.float32)
+    if metadata.grammar_bitmask is not None:
+        logits = apply_token_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
+    if metadata.min_tokens_mask is not None:
+        logits = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
+    if metadata.prompt_token_ids is not None:
+        logits = apply_penalties(logits, metadata)
+    return logits, raw_logprobs
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         # Unseeded random rows draw from this engine-wide generator (reproducible per engine seed).
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        logits = logits.to(torch.float32)
-        if metadata.grammar_bitmask is not None:
-            logits = apply_token_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
-        if metadata.min_tokens_mask is not None:
-            logits = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
-        if metadata.prompt_token_ids is not None:
-            logits = apply_penalties(logits, metadata)
+        logits, raw_logprobs = process_logits(logits, metadata)
         sampled = self.sample(logits, metadata)
         logprobs = gather_logprobs(raw_logprobs, sampled, metadata.num_logprobs) if raw_logprobs is not None else None
         return SamplerOutput(sampled.tolist(), logprobs or [None] * len(metadata.num_logprobs))

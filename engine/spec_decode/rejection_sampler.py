@@ -24,10 +24,9 @@ from engine.sampler import (
     SamplerOutput,
     SamplingMetadata,
     apply_min_p,
-    apply_penalties,
-    apply_token_bitmask,
     apply_top_k_top_p,
     gather_logprobs,
+    process_logits,
     sample_categorical,
 )
 
@@ -46,14 +45,7 @@ def rejection_sample(
 
     The output has the sampler's shape, so accept_drafts turns each request's rows into its accepted tokens.
     """
-    logits = logits.to(torch.float32)
-    if metadata.grammar_bitmask is not None:
-        logits = apply_token_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
-    if metadata.min_tokens_mask is not None:
-        logits = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
-    if metadata.prompt_token_ids is not None:
-        logits = apply_penalties(logits, metadata)
+    logits, raw_logprobs = process_logits(logits, metadata)
     greedy = logits.argmax(dim=-1)
     if metadata.all_greedy:
         tokens = greedy
