@@ -27,9 +27,10 @@ class AttentionBackend(ABC):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.block_size = scale, block_size
 
-    @abstractmethod
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        """Shape of one layer's KV cache tensor (K and V together)."""
+        """Shape of one layer's KV cache tensor (K and V together): [2, kv_heads, blocks, block_size, head_dim].
+        Every backend reads and writes this one layout."""
+        return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
 
     @abstractmethod
     def build_metadata(

@@ -93,9 +93,6 @@ class TorchAttentionBackend(AttentionBackend):
         self._mirror_blocks = blocks
         return DecodeMirror.REBUILD
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
-
     def build_metadata(
         self,
         query_lens: list[int],

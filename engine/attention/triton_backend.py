@@ -45,9 +45,6 @@ class TritonAttentionBackend(AttentionBackend):
     # Split-K length of a decode: one partition up to this many tokens (a multiple of BLOCK_N).
     decode_partition_size = 512
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
-
     def build_metadata(
         self,
         query_lens: list[int],
