@@ -25,6 +25,16 @@ def _floats(text: str | None, flag: str) -> list[float]:
         raise typer.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from None
 
 
+def _synthetic_lengths(workload: str, input_len: int | None, output_len: int | None) -> dict[str, int | None]:
+    """WorkloadConfig's input_len/output_len: the flags, else 1024 -> 128 for the fixed and random workloads
+    (shipped mixes bring their own lengths)."""
+    synthetic = workload in ("fixed", "random")
+    return {
+        "input_len": input_len if input_len is not None else (1024 if synthetic else None),
+        "output_len": output_len if output_len is not None else (128 if synthetic else None),
+    }
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so a launched server is stopped and finished points stay written."""
 
@@ -218,8 +228,7 @@ def sweep(
             engine_knobs=knobs if url is None else {},
             workload=WorkloadConfig(
                 workload=workload,
-                input_len=input_len if input_len is not None else (1024 if workload in ("fixed", "random") else None),
-                output_len=output_len if output_len is not None else (128 if workload in ("fixed", "random") else None),
+                **_synthetic_lengths(workload, input_len, output_len),
                 range_ratio=random_range_ratio,
                 max_model_len=max_model_len,
                 fit_policy=fit_policy,

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from engine.cli_options import knob_option, with_engine_knobs
-from sweep.commands import LOAD_PANEL, WORKLOAD_PANEL, _fail, _floats, _render_report
+from sweep.commands import LOAD_PANEL, WORKLOAD_PANEL, _fail, _floats, _render_report, _synthetic_lengths
 
 
 @with_engine_knobs
@@ -100,8 +100,7 @@ def simulate(
             engine_knobs=knobs,
             workload=WorkloadConfig(
                 workload=workload,
-                input_len=input_len if input_len is not None else (1024 if workload in ("fixed", "random") else None),
-                output_len=output_len if output_len is not None else (128 if workload in ("fixed", "random") else None),
+                **_synthetic_lengths(workload, input_len, output_len),
                 range_ratio=random_range_ratio,
                 max_model_len=max_model_len,
                 fit_policy=fit_policy,
