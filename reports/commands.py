@@ -240,8 +240,63 @@ def ab(
     _emit(result, str(base_dir), str(cand_dir), markdown, junit_xml)
 
 
+@with_engine_knobs
+def gate_study(
+    engine_knobs: dict[str, Any],
+    model: str = knob_option("model", "tiny-random", help="Model both sides serve."),
+    ref: str = typer.Option("HEAD", help="The git ref both sides serve (the candidate with an injected delay)."),
+    aa_trials: int = typer.Option(20, help="A/A trials (`bench ab` of the ref against itself)."),
+    detection_trials: int = typer.Option(8, help="Trials per injected slow-down."),
+    regressions: str = typer.Option("10%,20%,40%", help="Injected TPOT slow-downs, relative to the A/A runs."),
+    max_regressions: str = typer.Option("5%,10%,15%,20%", help="Gate thresholds to evaluate."),
+    concurrency: str = typer.Option("1,2,4", help="Closed-loop streams per point."),
+    num_prompts: int = typer.Option(64, help="Requests per point and repeat (variants also use half)."),
+    repeats: int = typer.Option(3, help="Repeats per side (variants use 1..R of them)."),
+    input_len: int = typer.Option(128, help="Prompt tokens (random workload)."),
+    output_len: int = typer.Option(32, help="Output tokens (random workload)."),
+    seed: int = typer.Option(0, help="Workload seed."),
+    output_dir: Path = typer.Option(Path("results/gate-study"), help="Trials, gate_study.json and gate_study.md."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the study in --output-dir."),
+    analyse_only: bool = typer.Option(False, "--analyse-only", help="Only re-analyse the finished trials."),
+) -> None:
+    """Measure the gate's A/A false-alarm rate and its detection rate of injected TPOT slow-downs on real
+    interleaved `bench ab` runs of this machine, for several gate variants (a benchmark: minutes to hours)."""
+    from reports.gate import parse_threshold
+    from reports.gate_study import TRIALS_FILE, GateStudyConfig, analyse, read_trials, run_trials
+    from sweep.runner import WorkloadConfig
+    from sweep.sweeper import SweepConfig
+
+    try:
+        study = GateStudyConfig(
+            sweep=SweepConfig(
+                output_dir=output_dir, values=[float(c) for c in concurrency.split(",") if c.strip()], model=model,
+                engine_knobs={**engine_knobs, "seed": seed},
+                workload=WorkloadConfig(workload="random", input_len=input_len, output_len=output_len, seed=seed),
+                num_prompts=num_prompts, repeats=repeats, calibration=True,
+            ),
+            ref=ref, aa_trials=aa_trials, detection_trials=detection_trials,
+            regressions=tuple(parse_threshold(s) for s in regressions.split(",") if s.strip()),
+            thresholds=tuple(parse_threshold(s) for s in max_regressions.split(",") if s.strip()),
+        )
+        started = (output_dir / TRIALS_FILE).exists()
+        if started and not (resume or analyse_only):
+            raise ValueError(f"{output_dir} holds a study already: --resume it, --analyse-only, or pick another dir")
+        if analyse_only:
+            trials = read_trials(output_dir)
+        else:
+            trials = run_trials(study, log=lambda line: typer.echo(line, err=True))
+        summary = analyse(study, trials)
+    except (ValueError, RuntimeError) as exc:
+        _error(str(exc))
+    except KeyboardInterrupt:
+        _error(f"interrupted: finished trials are kept in {output_dir}; continue with the same flags and --resume")
+    typer.echo((output_dir / "gate_study.md").read_text())
+    typer.echo(f"{summary['trials']} trials; details in {output_dir / 'gate_study.json'}")
+
+
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `bench` app."""
     app.command("report")(report)
     app.command("gate")(gate)
     app.command("ab")(ab)
+    app.command("gate-study")(gate_study)
