@@ -25,10 +25,27 @@ MIN_HISTORY_RUNS = 3
 
 
 def statistic(samples: np.ndarray, stat: str | float) -> np.ndarray:
-    """Mean or percentile along the last axis, ignoring NaN padding."""
+    """Mean or percentile along the last axis, ignoring NaN padding (the percentile is numpy's 'linear' one)."""
     if stat == "mean":
         return np.nanmean(samples, axis=-1)
-    return np.nanpercentile(samples, stat, axis=-1)
+    return nan_percentile(samples, float(stat))
+
+
+def nan_percentile(samples: np.ndarray, q: float) -> np.ndarray:
+    """np.nanpercentile(samples, q, axis=-1), vectorised over the rows. numpy falls back to one Python-level
+    call per row when any NaN is present, which made a bootstrap of padded repeats thousands of times slower."""
+    ordered = np.sort(samples, axis=-1)  # NaN sorts last
+    count = np.count_nonzero(~np.isnan(ordered), axis=-1)
+    position = q / 100.0 * np.maximum(count - 1, 0)
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, np.maximum(count - 1, 0))
+    a = np.take_along_axis(ordered, low[..., None], axis=-1)[..., 0]
+    b = np.take_along_axis(ordered, high[..., None], axis=-1)[..., 0]
+    t = position - low
+    diff = b - a
+    # numpy's lerp: exact at both ends.
+    value = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    return np.where(count > 0, value, np.nan)
 
 
 def hierarchical_bootstrap(

@@ -12,7 +12,7 @@ import pytest
 from synthetic_runs import synthetic_run
 
 from reports.gate import GateConfig, compare_groups, run_gate
-from reports.gate_noise import calibration_gap, history_noise_floor
+from reports.gate_noise import calibration_gap, history_noise_floor, nan_percentile
 from reports.importers import RunData
 
 METRICS = ("ttft_p90", "tpot_p50", "failure_rate")
@@ -97,3 +97,16 @@ def test_machine_speed_difference_is_reported() -> None:
     result = run_gate(base, cand, GateConfig(metrics=METRICS, max_regression=0.10, noise_floor=0.05))
     assert [note for note in result.notes if "differ in speed" in note and "cpu_gflops" in note]
     assert not [note for note in result.notes if "ttft_error" in note]  # timing errors are not speeds
+
+
+@pytest.mark.parametrize("q", [0.0, 10.0, 50.0, 90.0, 99.0, 100.0])
+def test_nan_percentile_equals_numpy(q: float) -> None:
+    rng = np.random.default_rng(3)
+    samples = rng.lognormal(size=(200, 37))
+    samples[rng.random(samples.shape) < 0.3] = np.nan
+    samples[5] = np.nan  # an all-NaN row
+    samples[6, 1:] = np.nan  # a single value
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        expected = np.nanpercentile(samples, q, axis=-1)
+    np.testing.assert_array_equal(nan_percentile(samples, q), expected)
+    np.testing.assert_array_equal(nan_percentile(samples[7], q), expected[7])
