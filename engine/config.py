@@ -289,7 +289,7 @@ class SchedulerConfig:
     )
     inject_step_delay_ms: float = knob(
         0.0,
-        help="Benchmarking aid, never for serving: sleep this long in every step that runs the model, to check "
+        help="Benchmarking aid, never for serving: spin this long in every step that runs the model, to check "
         "that `bench gate` catches a known slow-down (docs/GATE.md).",
     )
     speculative_config: str | None = knob(

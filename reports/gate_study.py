@@ -3,8 +3,8 @@
 Procedure (docs/GATE.md):
 1. A/A: `--aa-trials` runs of `bench ab` with both sides the same git ref.
 2. Detection: for each nominal slow-down s in `--regressions`, `--detection-trials` runs of `bench ab` whose
-   candidate serves with `--inject-step-delay-ms d`, d = s x the largest median TPOT of the A/A runs' points,
-   so every point's TPOT is slowed by at least s (the realised change per point is reported too).
+   candidate serves with `--inject-step-delay-ms d`, d = s x the A/A runs' typical median TPOT (the median over
+   points), so the points' TPOT is slowed by about s (the realised change per point is reported too).
 3. Analysis: every trial is gated again under each gate variant (repeats used, prompts used per repeat,
    threshold) by taking subsets of its requests (the first r repeats, the first n requests of each), so all
    variants are judged on the same runs. A variant's cost is the sweep time of the requests it uses, plus the
@@ -86,8 +86,8 @@ def _append_trial(out: Path, trial: dict[str, Any]) -> None:
         f.write(json.dumps(trial) + "\n")
 
 
-def _max_median_tpot_ms(out: Path, trials: list[dict[str, Any]]) -> float:
-    """The largest per-point median TPOT over the A/A trials' baseline runs (pooled across trials)."""
+def _typical_median_tpot_ms(out: Path, trials: list[dict[str, Any]]) -> float:
+    """The median over points of each point's median TPOT in the A/A trials' baseline runs."""
     tpots: dict[str, list[float]] = {}
     for trial in trials:
         if trial["regression"] == 0.0:
@@ -96,7 +96,7 @@ def _max_median_tpot_ms(out: Path, trials: list[dict[str, Any]]) -> float:
                 tpots.setdefault(label, []).append(float(tpot))
     if not tpots:
         raise ValueError("no A/A trial to size the injected delays from")
-    return max(float(np.median(v)) for v in tpots.values())
+    return float(np.median([np.median(v) for v in tpots.values()]))
 
 
 def _planned(study: GateStudyConfig) -> Iterator[tuple[float, int]]:
@@ -119,7 +119,7 @@ def run_trials(study: GateStudyConfig, log: Callable[[str], None] = print) -> li
     for n, (regression, k) in enumerate(plan, 1):
         if (regression, k) in done:
             continue
-        delay = 0.0 if regression == 0.0 else round(regression * _max_median_tpot_ms(out, trials), 3)
+        delay = 0.0 if regression == 0.0 else round(regression * _typical_median_tpot_ms(out, trials), 3)
         tag = f"{'aa' if regression == 0.0 else f'slow{regression * 100:g}'}/t{k:02d}"
         shutil.rmtree(out / tag, ignore_errors=True)  # an interrupted trial starts over
         log(f"trial {n}/{len(plan)}: {tag} (inject {delay} ms per step)")

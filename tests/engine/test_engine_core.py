@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore, accept_drafts
+from engine.engine_core import EngineCore, accept_drafts, spin
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
@@ -111,9 +113,15 @@ def test_engine_core_runs_any_executor() -> None:
     assert executor.steps == 5
 
 
-def test_inject_step_delay_sleeps_once_per_model_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spin_waits_at_least_the_time_asked() -> None:
+    start = time.perf_counter()
+    spin(0.002)
+    assert time.perf_counter() - start >= 0.002
+
+
+def test_inject_step_delay_spins_once_per_model_step(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("engine.engine_core.time.sleep", sleeps.append)
+    monkeypatch.setattr("engine.engine_core.spin", sleeps.append)
     config = EngineConfig.from_kwargs(model="tiny-random", block_size=4, max_model_len=64, inject_step_delay_ms=20)
     executor = FixedTokenExecutor(token=7, num_blocks=16)
     core = EngineCore(config, executor=executor)
