@@ -162,41 +162,32 @@ def test_example_workflow_uses_real_flags():
     workflow = yaml.safe_load((Path(gate_file).parents[1] / "docs" / "gate-github-actions.yml").read_text())
     commands = typer.main.get_command(app).commands
     options = {name: {o for p in cmd.params for o in p.opts} for name, cmd in commands.items()}
-    env = workflow["env"]
-    assert {f for f in env["SWEEP_FLAGS"].split() if f.startswith("--")} <= options["sweep"]
-    assert {f for f in env["GATE_FLAGS"].split() if f.startswith("--")} <= options["gate"]
+    assert {f for f in workflow["env"]["AB_FLAGS"].split() if f.startswith("--")} <= options["ab"]
     runs = "\n".join(s.get("run", "") for s in workflow["jobs"]["gate"]["steps"]).replace("\\\n", " ")
-    bench_lines = [line for line in runs.splitlines() if ".venv/bin/bench " in line]
-    used = {f for line in bench_lines for f in line.split() if f.startswith("--")}
-    assert used - options["sweep"] <= options["gate"]
+    bench_lines = [line.split(".venv/bin/bench ", 1)[1].split() for line in runs.splitlines()
+                   if ".venv/bin/bench " in line]
+    assert [words[0] for words in bench_lines] == ["ab", "report"]
+    for command, *words in bench_lines:
+        assert {f for f in words if f.startswith("--")} <= options[command]
 
 
-def _workflow_pr_gate_args(store: Path, candidate: Path, out: Path) -> list[str]:
-    """The example workflow's pull-request gate command, with its paths pointed at test directories."""
-    import shlex
-
-    import yaml
-
-    from reports.gate import __file__ as gate_file
-
-    workflow = yaml.safe_load((Path(gate_file).parents[1] / "docs" / "gate-github-actions.yml").read_text())
-    step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("id") == "gate")
-    line = next(line for line in step["run"].replace("\\\n", " ").splitlines() if ".venv/bin/bench gate" in line)
-    line = line.replace("$GATE_FLAGS", workflow["env"]["GATE_FLAGS"]).replace("results/sweep", str(candidate))
-    line = line.replace("perf-baseline", str(store)).replace("results/", f"{out}/")
-    return shlex.split(line.split(".venv/bin/bench ", 1)[1])
+def _pr_gate_args(store: Path, candidate: Path, out: Path) -> list[str]:
+    """A pull request's gate against a blessed baseline store (docs/GATE.md, "Baseline store")."""
+    return ["gate", "--baseline-store", str(store), "--candidate", str(candidate), "--metric",
+            "ttft_p90,tpot_p50,e2el_p90", "--max-regression", "10%", "--bless-if-missing", "--junit-xml",
+            str(out / "gate.xml"), "--markdown", str(out / "gate.md")]
 
 
-def test_example_workflows_first_pull_request_blesses_and_passes_then_later_ones_are_gated(tmp_path):
+def test_first_pull_request_blesses_and_passes_then_later_ones_are_gated(tmp_path):
     runner = CliRunner()
     store, out = tmp_path / "perf-baseline", tmp_path / "results"
     base = synthetic_run_dir(tmp_path / "base", seed=4, num_prompts=60)
-    first = runner.invoke(app, _workflow_pr_gate_args(store, base, out))
+    first = runner.invoke(app, _pr_gate_args(store, base, out))
     assert first.exit_code == 0, first.output
     assert "no baseline yet" in (out / "gate.md").read_text() and "nothing was compared" in first.output
     assert json.loads((store / "baseline.json").read_text())["points"][0] == "c0001"
     slow = synthetic_run_dir(tmp_path / "slow", seed=5, num_prompts=60, tpot_scale=1.25)
-    later = runner.invoke(app, _workflow_pr_gate_args(store, slow, out))
+    later = runner.invoke(app, _pr_gate_args(store, slow, out))
     assert later.exit_code == 1, later.output
     assert (out / "gate.md").read_text().startswith("### bench gate: FAIL") and (out / "gate.xml").exists()
     assert len((store / "history.jsonl").read_text().splitlines()) == 1  # a gated run is never blessed
