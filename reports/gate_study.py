@@ -22,14 +22,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reports.ab import Side, run_ab
 from reports.gate import FAILURE_RATE, Comparison, GateConfig, GateResult, run_gate
 from reports.importers import RunData, load_run
-from sweep.sweep_config import SweepConfig
+
+if TYPE_CHECKING:  # the sweep config module loads the HTTP client, which the gate never needs
+    from sweep.sweep_config import SweepConfig
 
 TRIALS_FILE = "trials.jsonl"
 
@@ -86,14 +88,13 @@ def _append_trial(out: Path, trial: dict[str, Any]) -> None:
         f.write(json.dumps(trial) + "\n")
 
 
-def _typical_median_tpot_ms(out: Path, trials: list[dict[str, Any]]) -> float:
-    """The median over points of each point's median TPOT in the A/A trials' baseline runs."""
+def typical_median_tpot_ms(run_dirs: list[Path]) -> float:
+    """The median over points of each point's median TPOT, pooled (median) over the given runs."""
     tpots: dict[str, list[float]] = {}
-    for trial in trials:
-        if trial["regression"] == 0.0:
-            points = load_run(out / trial["dir"] / "baseline").points
-            for label, tpot in zip(points["label"], points["median_tpot_ms"], strict=True):
-                tpots.setdefault(label, []).append(float(tpot))
+    for run_dir in run_dirs:
+        points = load_run(run_dir).points
+        for label, tpot in zip(points["label"], points["median_tpot_ms"], strict=True):
+            tpots.setdefault(label, []).append(float(tpot))
     if not tpots:
         raise ValueError("no A/A trial to size the injected delays from")
     return float(np.median([np.median(v) for v in tpots.values()]))
@@ -119,7 +120,8 @@ def run_trials(study: GateStudyConfig, log: Callable[[str], None] = print) -> li
     for n, (regression, k) in enumerate(plan, 1):
         if (regression, k) in done:
             continue
-        delay = 0.0 if regression == 0.0 else round(regression * _typical_median_tpot_ms(out, trials), 3)
+        delay = 0.0 if regression == 0.0 else round(regression * typical_median_tpot_ms(
+            [out / t["dir"] / "baseline" for t in trials if t["regression"] == 0.0]), 3)
         tag = f"{'aa' if regression == 0.0 else f'slow{regression * 100:g}'}/t{k:02d}"
         shutil.rmtree(out / tag, ignore_errors=True)  # an interrupted trial starts over
         log(f"trial {n}/{len(plan)}: {tag} (inject {delay} ms per step)")
