@@ -1,0 +1,33 @@
+"""The example workflow's `bench ab` on real servers of this commit: A/A passes, an injected 40 % TPOT slow-down
+fails (the defaults' measured rates are in docs/GATE.md)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reports.gate_study import typical_median_tpot_ms
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ab(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    flags = shlex.split(yaml.safe_load((ROOT / "docs" / "gate-github-actions.yml").read_text())["env"]["AB_FLAGS"])
+    command = [sys.executable, str(ROOT / "cli.py"), "ab", "--baseline-ref", "HEAD", "--candidate-ref", "HEAD",
+               *flags, "--output-dir", str(out), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_workflow_gate_passes_identical_code_and_fails_a_40_percent_slowdown(tmp_path: Path) -> None:
+    same = _ab(tmp_path / "aa")
+    assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
+    delay_ms = 0.4 * typical_median_tpot_ms([tmp_path / "aa" / "baseline"])
+    slower = _ab(tmp_path / "slow", "--candidate-args", f"--inject-step-delay-ms {delay_ms:.3f}")
+    assert slower.returncode == 1, slower.stdout[-3000:] + slower.stderr[-3000:]
+    assert "tpot_p50" in slower.stdout and "❌ regression" in slower.stdout
