@@ -127,13 +127,20 @@ class SamplerOutput:
 
 def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 logits after the grammar bitmask, min_tokens and penalties, and the log-softmax the logprobs report
-    (taken after the bitmask, before min_tokens and penalties; None when no row asks for logprobs)."""
+    (taken after the bitmask, before min_tokens and penalties; None when no row asks for logprobs). A row whose
+    grammar allows only the tokens min_tokens bans keeps them: the grammar is complete, so the request stops."""
     logits = logits.to(torch.float32)
     if metadata.grammar_bitmask is not None:
         logits = apply_token_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if metadata.max_num_logprobs is not None else None
     if metadata.min_tokens_mask is not None:
-        logits = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
+        masked = logits.index_put(metadata.min_tokens_mask, torch.tensor(float("-inf"), device=logits.device))
+        if metadata.grammar_bitmask is not None:
+            # A grammar that allows only stop tokens is complete and wins over min_tokens: masking them too would
+            # leave the row nothing to sample.
+            nothing_left = torch.isneginf(masked).all(dim=-1, keepdim=True)
+            masked = torch.where(nothing_left, logits, masked)
+        logits = masked
     if metadata.prompt_token_ids is not None:
         logits = apply_penalties(logits, metadata)
     return logits, raw_logprobs

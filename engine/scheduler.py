@@ -281,7 +281,9 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_LENGTH
             return True
         params = request.sampling_params
-        if request.num_output_tokens <= params.min_tokens:  # the sampler masks stop ids until then
+        # The sampler masks stop ids until min_tokens, unless a complete grammar allows nothing else: a constrained
+        # request's stop id therefore always ends it.
+        if request.num_output_tokens <= params.min_tokens and params.structured_outputs is None:
             return False
         last_token_id = request.output_token_ids[-1]
         if not params.ignore_eos and last_token_id == request.eos_token_id:

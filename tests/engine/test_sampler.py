@@ -199,6 +199,20 @@ def test_grammar_bitmask_allows_only_set_bits() -> None:
     assert Sampler(CPU)(torch.arange(vocab, dtype=torch.float32).unsqueeze(0), metadata).sampled_token_ids == [34]
 
 
+def test_a_complete_grammar_wins_over_min_tokens() -> None:
+    vocab = 32
+    bitmask = torch.full((2, 1), -1, dtype=torch.int32)
+    bitmask[0, 0] = 1 << 7  # the grammar is complete: only EOS (7) is allowed
+    requests = [make_request(r, output=[3], eos=7, min_tokens=4, temperature=0.0) for r in ("complete", "open")]
+    metadata = SamplingMetadata.build(requests, vocab, CPU, {})
+    metadata.grammar_bitmask = bitmask
+    logits = torch.zeros(2, vocab)
+    logits[:, 7] = 9.0  # EOS is the favourite of both rows
+    logits[:, 5] = 1.0
+    # The complete row stops; the open row still has min_tokens ban EOS.
+    assert Sampler(CPU)(logits, metadata).sampled_token_ids == [7, 5]
+
+
 def test_a_seeded_request_with_several_rows_draws_them_in_position_order() -> None:
     """The seed rule for multi-token steps: k + 1 rows of one request in one step consume its generator exactly
     as k + 1 single-row steps would, whatever shares the batch."""

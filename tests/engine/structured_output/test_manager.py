@@ -225,6 +225,14 @@ def test_max_tokens_before_the_grammar_completes_is_length(core: EngineCore) -> 
     assert finish == "length" and len(tokens) == 3
 
 
+def test_a_grammar_complete_before_min_tokens_stops_the_request(core: EngineCore, tokenizer: Any) -> None:
+    so = StructuredOutputsParams(choice=CHOICES)
+    result = run(core, [request("early", [12, 13], so, min_tokens=40)])
+    tokens, finish = result["early"]
+    assert finish == "stop" and tokens[-1] == EOS and len(tokens) < 40
+    assert text(tokenizer, tokens) in CHOICES
+
+
 def test_a_failed_compile_aborts_only_that_request(core: EngineCore) -> None:
     class Failing:
         def compile(self, params: StructuredOutputsParams) -> None:
