@@ -61,6 +61,7 @@ class PointSpec:
     ramp: tuple[str, float, float] | None = None  # rate mode: vLLM's ramp-up (strategy, start rps, end rps)
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions); the load counts sessions
     think_time_s: float = 0.0
+    rate_curve: tuple[float, ...] | None = None  # rate mode: window rates shaping the arrivals (sweep.rate_curve)
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate", "replay"):
@@ -76,6 +77,12 @@ class PointSpec:
                 f"ramp-up needs a strategy in {RAMP_STRATEGIES} and 0 < --ramp-up-start-rps <= --ramp-up-end-rps, "
                 f"got {self.ramp}"
             )
+        if self.rate_curve is not None:
+            from sweep.rate_curve import check_rate_curve
+
+            check_rate_curve(list(self.rate_curve))
+            if self.mode != "rate" or self.ramp is not None:
+                raise ValueError("--rate-curve shapes --request-rate points (no --ramp-up-strategy)")
         if self.turns < 1 or self.think_time_s < 0:
             raise ValueError(f"--turns must be >= 1 and --think-time >= 0, got {self.turns}, {self.think_time_s}")
         if self.burstiness <= 0:
@@ -152,6 +159,10 @@ def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
     n / rate (no seed-dependent drift of a few percent in the offered rate)."""
     if spec.mode == "concurrency" or (math.isinf(spec.rate) and spec.ramp is None) or n == 0:
         return [0.0] * n
+    if spec.rate_curve is not None:  # the curve stretched over the point; not rescaled (its n-th send is random)
+        import workloads.arrivals
+
+        return workloads.arrivals.rate_curve(spec.rate_curve, n, spec.rate, spec.duration, spec.burstiness, seed)
     rng = np.random.default_rng(seed)
     if spec.ramp is not None:  # vLLM's ramp-up: gap i drawn at the rate reached at progress i / (n - 1), no rescale
         strategy, start, end = spec.ramp

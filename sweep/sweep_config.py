@@ -47,6 +47,7 @@ class SweepConfig:
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
     think_time_s: float = 0.0
+    rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (sweep.rate_curve)
     warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
@@ -77,6 +78,14 @@ class SweepConfig:
         if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
             raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
                              "no --replay")
+        if self.rate_curve is not None:
+            from sweep.rate_curve import check_rate_curve
+
+            check_rate_curve(self.rate_curve)
+            if self.mode != "rate" or self.ramp_up is not None:
+                raise ValueError(
+                    "--rate-curve shapes --request-rate points; drop --concurrency, --replay and --ramp-up-strategy"
+                )
         if self.search_repeats < 0:
             raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
         if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
