@@ -146,6 +146,12 @@ def sweep(
     workload: str = typer.Option(
         "random", help="Workload name or trace path (see `bench workloads list`).", rich_help_panel=WORKLOAD_PANEL
     ),
+    conversations: Path | None = typer.Option(
+        None,
+        help="Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
+        "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
     input_len: int | None = typer.Option(
         None, help="fixed/random: prompt tokens (default 1024).", rich_help_panel=WORKLOAD_PANEL
     ),
@@ -250,6 +256,7 @@ def sweep(
                 endpoint=endpoint,
                 structured_output=structured_output,
                 structured_output_shape=structured_output_shape,
+                conversations=str(conversations) if conversations is not None else None,
             ),
             num_prompts=num_prompts,
             duration=duration,

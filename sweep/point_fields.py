@@ -23,7 +23,7 @@ def extra_point_fields(
     spec, fields = run.spec, {}
     if spec.mode == "replay":
         fields["time_scale"] = spec.time_scale
-    if spec.turns > 1:
+    if spec.turns > 1 or any(r.session is not None for r in run.records):
         fields["sessions"] = len({r.session for r in run.records if r.session is not None})
     if spec.ramp is not None:  # vLLM's result fields; request_rate is the end rate
         fields.update(ramp_up_strategy=spec.ramp[0], ramp_up_start_rps=spec.ramp[1], ramp_up_end_rps=spec.ramp[2])

@@ -75,9 +75,14 @@ class SweepConfig:
             raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
         if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
             raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
-        if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
-            raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
-                             "no --replay")
+        sessions = self.turns > 1 or self.workload.conversations is not None
+        if sessions and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
+            flag = "--conversations" if self.workload.conversations is not None else "--turns"
+            raise ValueError(
+                f"{flag} needs --endpoint chat (the history is a message list), one client process and no --replay"
+            )
+        if self.turns > 1 and self.workload.conversations is not None:
+            raise ValueError("--conversations takes each session's turns from the file; drop --turns")
         if self.rate_curve is not None:
             from sweep.rate_curve import check_rate_curve
 

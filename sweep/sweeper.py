@@ -55,6 +55,10 @@ class Sweeper:
         with self.console.status(f"loading tokenizer {cfg.tokenizer or cfg.model}"):
             self.tokenizer = get_tokenizer(cfg.tokenizer or cfg.model)
         build_prompts(cfg.workload, self.tokenizer, 1, salt="check")  # a bad workload fails before any file exists
+        if cfg.workload.conversations is not None:
+            from workloads.conversations import load_conversations
+
+            load_conversations(cfg.workload.conversations)  # parsed once; a bad file fails here too
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
         if cfg.calibration:
