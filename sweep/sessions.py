@@ -76,7 +76,7 @@ def conversation_sessions(
     sessions: list[list[PromptRequest]] = []
     while (len(specs) < num_requests) if num_requests is not None else (len(sessions) < num_sessions):
         if len(sessions) >= len(conversations) and not specs:
-            raise ValueError(f"{path}: no conversation's first turn fits --max-model-len {max_model_len}")
+            break  # a whole pass without one turn that fits
         number = len(sessions)
         conversation = conversations[order[number % len(conversations)]]
         turns = conversation_turns(conversation, tokenizer, f"{salt}-s{number}", max_model_len)
@@ -87,6 +87,8 @@ def conversation_sessions(
             session.append(PromptRequest(len(specs), None, turn.messages, turn.input_len, turn.output_len))
             specs.append(RequestSpec(turn.input_len, turn.output_len))
         sessions.append(session)
+    if not specs:
+        raise ValueError(f"{path}: no conversation's first turn fits --max-model-len {max_model_len}")
     return specs, [s for s in sessions if s]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import cli
@@ -73,6 +74,8 @@ def test_num_prompts_counts_turns_and_cuts_the_last_session(tmp_path: Path) -> N
     _, cycled = conversation_sessions(str(path), tokenizer, None, 5, seed=0, salt="x")  # --duration: 5 sessions
     assert len(cycled) == 5  # the file has 3: it cycles, each session with its own salt
     assert len({s[0].messages[0]["content"] for s in cycled}) == 5
+    with pytest.raises(ValueError, match="no conversation's first turn fits --max-model-len 5"):
+        conversation_sessions(str(path), tokenizer, 4, 0, seed=0, salt="x", max_model_len=5)
 
 
 def test_the_command_checks_the_flags_and_saves_the_file(tmp_path: Path) -> None:
