@@ -25,6 +25,12 @@ def _floats(text: str | None, flag: str) -> list[float]:
         raise typer.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from None
 
 
+def _rate_curve(text: str | None) -> list[float] | None:
+    from sweep.rate_curve import parse_rate_curve
+
+    return None if text is None else parse_rate_curve(text)
+
+
 def _synthetic_lengths(workload: str, input_len: int | None, output_len: int | None) -> dict[str, int | None]:
     """WorkloadConfig's input_len/output_len: the flags, else 1024 -> 128 for the fixed and random workloads
     (shipped mixes bring their own lengths)."""
@@ -74,6 +80,12 @@ def sweep(
                                                    rich_help_panel=LOAD_PANEL),
     ramp_up_end_rps: float | None = typer.Option(None, help="Ramp-up: the last request's rate.",
                                                  rich_help_panel=LOAD_PANEL),
+    rate_curve: str | None = typer.Option(
+        None,
+        help="With --request-rate: arrivals follow this rate curve, rescaled to each point's mean rate and "
+        "stretched over the point: relative window rates (1,4,2) or a shipped mix's curve (servegen-deepseek-r1).",
+        rich_help_panel=LOAD_PANEL,
+    ),
     burstiness: float = typer.Option(
         1.0, help="Gamma shape of inter-arrival times (1 = Poisson).", rich_help_panel=LOAD_PANEL
     ),
@@ -133,6 +145,12 @@ def sweep(
     endpoint: str = typer.Option("completions", help="completions | chat.", rich_help_panel=WORKLOAD_PANEL),
     workload: str = typer.Option(
         "random", help="Workload name or trace path (see `bench workloads list`).", rich_help_panel=WORKLOAD_PANEL
+    ),
+    conversations: Path | None = typer.Option(
+        None,
+        help="Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
+        "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
+        rich_help_panel=WORKLOAD_PANEL,
     ),
     input_len: int | None = typer.Option(
         None, help="fixed/random: prompt tokens (default 1024).", rich_help_panel=WORKLOAD_PANEL
@@ -212,6 +230,8 @@ def sweep(
     mode = "concurrency" if concurrency is not None else "rate" if request_rate is not None else "replay"
     loads = {"concurrency": (concurrency, "--concurrency"), "rate": (request_rate, "--request-rate"),
              "replay": (time_scale, "--time-scale")}[mode]
+    if rate_curve is not None and mode != "rate":
+        _fail("--rate-curve shapes --request-rate points; give --request-rate (not --concurrency or --replay)")
     if url is not None and engine_knobs:
         _fail("engine knobs apply only to the built-in engine; drop them or drop --url")
     shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
@@ -236,6 +256,7 @@ def sweep(
                 endpoint=endpoint,
                 structured_output=structured_output,
                 structured_output_shape=structured_output_shape,
+                conversations=str(conversations) if conversations is not None else None,
             ),
             num_prompts=num_prompts,
             duration=duration,
@@ -256,6 +277,7 @@ def sweep(
             ramp_up=ramp,
             turns=turns,
             think_time_s=think_time,
+            rate_curve=_rate_curve(rate_curve),
             warmup_seconds=warmup_seconds,
             cooldown_seconds=cooldown_seconds,
             ignore_eos=ignore_eos,

@@ -1,5 +1,6 @@
 """The point fields of the load shapes and measurements beyond a plain point: trace replay, multi-turn sessions,
-vLLM's ramp-up, the steady-state window (sweep.steady_state) and the server's /metrics (sweep.server_metrics)."""
+vLLM's ramp-up, rate curves, the steady-state window (sweep.steady_state) and the server's /metrics
+(sweep.server_metrics)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ def extra_point_fields(
     spec, fields = run.spec, {}
     if spec.mode == "replay":
         fields["time_scale"] = spec.time_scale
-    if spec.turns > 1:
+    if spec.turns > 1 or any(r.session is not None for r in run.records):
         fields["sessions"] = len({r.session for r in run.records if r.session is not None})
     if spec.ramp is not None:  # vLLM's result fields; request_rate is the end rate
         fields.update(ramp_up_strategy=spec.ramp[0], ramp_up_start_rps=spec.ramp[1], ramp_up_end_rps=spec.ramp[2])
+    if spec.rate_curve is not None:
+        from sweep.rate_curve import rate_curve_fields
+
+        fields.update(rate_curve_fields(spec.rate_curve, spec.rate, spec.num_prompts, spec.duration))
     if warmup_s or cooldown_s:
         fields["steady"] = steady_metrics(
             run.records, run.t0, run.duration, warmup_s, cooldown_s, percentiles, slo, queue_inclusive

@@ -8,10 +8,12 @@ import os
 import platform
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
+from sweep.records import RequestRecord
 from sweep.runner import PointRun
 
 
@@ -83,3 +85,24 @@ def check_reachable(url: str, api_key: str | None) -> None:
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise RuntimeError(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None
+
+
+def workload_fidelity(run: PointRun) -> dict[str, Any]:
+    """`workloads.fidelity` of the point's successful requests: lengths asked vs served, schedule vs sends."""
+    import workloads
+
+    if not hasattr(workloads, "fidelity") or not run.records:
+        return {}
+    ok: list[RequestRecord] = [r for r in run.records if r.success]
+    by_index = {r.index: r for r in ok}
+    if not ok:
+        return {}
+    pairs = [(s, by_index[p.index]) for s, p in zip(run.specs, run.prompts, strict=True) if p.index in by_index]
+    report = workloads.fidelity(
+        [s for s, _ in pairs],
+        [r.prompt_tokens for _, r in pairs],
+        [r.output_tokens for _, r in pairs],
+        intended_send_times=[r.intended_send_time - run.t0 for _, r in pairs],
+        actual_send_times=[r.send_time - run.t0 for _, r in pairs],
+    )
+    return report if isinstance(report, dict) else asdict(report)

@@ -45,6 +45,7 @@ class WorkloadConfig:
     endpoint: str = "completions"
     structured_output: str | None = None  # json | regex | choice on every request (sweep/structured.py)
     structured_output_shape: str | None = None  # response_format | structured_outputs | guided; None: by kind
+    conversations: str | None = None  # a conversation file: sessions are its conversations (sweep.sessions)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class PointSpec:
     ramp: tuple[str, float, float] | None = None  # rate mode: vLLM's ramp-up (strategy, start rps, end rps)
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions); the load counts sessions
     think_time_s: float = 0.0
+    rate_curve: tuple[float, ...] | None = None  # rate mode: window rates shaping the arrivals (sweep.rate_curve)
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate", "replay"):
@@ -76,6 +78,12 @@ class PointSpec:
                 f"ramp-up needs a strategy in {RAMP_STRATEGIES} and 0 < --ramp-up-start-rps <= --ramp-up-end-rps, "
                 f"got {self.ramp}"
             )
+        if self.rate_curve is not None:
+            from sweep.rate_curve import check_rate_curve
+
+            check_rate_curve(list(self.rate_curve))
+            if self.mode != "rate" or self.ramp is not None:
+                raise ValueError("--rate-curve shapes --request-rate points (no --ramp-up-strategy)")
         if self.turns < 1 or self.think_time_s < 0:
             raise ValueError(f"--turns must be >= 1 and --think-time >= 0, got {self.turns}, {self.think_time_s}")
         if self.burstiness <= 0:
@@ -152,6 +160,10 @@ def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
     n / rate (no seed-dependent drift of a few percent in the offered rate)."""
     if spec.mode == "concurrency" or (math.isinf(spec.rate) and spec.ramp is None) or n == 0:
         return [0.0] * n
+    if spec.rate_curve is not None:  # the curve stretched over the point; not rescaled (its n-th send is random)
+        import workloads.arrivals
+
+        return workloads.arrivals.rate_curve(spec.rate_curve, n, spec.rate, spec.duration, spec.burstiness, seed)
     rng = np.random.default_rng(seed)
     if spec.ramp is not None:  # vLLM's ramp-up: gap i drawn at the rate reached at progress i / (n - 1), no rescale
         strategy, start, end = spec.ramp
@@ -270,6 +282,7 @@ async def _run_point_async(
     on_done: Callable[[], None] | None,
     sampler: ServerMetricsSampler | None = None,
     sessions: list[list[PromptRequest]] | None = None,
+    live: bool = True,
 ) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
     extras: dict[str, Any] = {}
     async with make_session() as session:
@@ -289,7 +302,7 @@ async def _run_point_async(
             from sweep.sessions import dispatch_sessions
 
             records = await dispatch_sessions(
-                session, client, sessions, offsets, t0, spec.concurrency, stop_at, spec.think_time_s, on_done
+                session, client, sessions, offsets, t0, spec.concurrency, stop_at, spec.think_time_s, on_done, live
             )
         else:
             records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
@@ -315,20 +328,20 @@ def run_point(
     With `server_metrics`, the target's /metrics is scraped over the point (`sweep.server_metrics`)."""
     sampler = ServerMetricsSampler(client.url, client.api_key) if server_metrics else None
     sessions: list[list[PromptRequest]] | None = None
+    live = workload.conversations is None  # sessions: history from the server's replies, else recorded
     if spec.mode == "replay":
         from sweep.replay import build_replay_prompts
 
         specs, prompts, fit_report, offsets = build_replay_prompts(
             workload, tokenizer, spec.time_scale, spec.num_prompts, spec.duration, salt=f"{salt}-{spec.label}"
         )
-    elif spec.turns > 1:
-        from sweep.sessions import group_sessions
+    elif spec.turns > 1 or workload.conversations is not None:
+        from sweep.sessions import session_prompts
 
         if client_procs > 1:
             raise ValueError("multi-turn sessions run in one client process; drop --client-procs")
-        pool = spec.pool_size * (spec.turns if spec.num_prompts is None else 1)  # duration: pool_size sessions
-        specs, prompts, fit_report = build_prompts(workload, tokenizer, pool, salt=f"{salt}-{spec.label}")
-        sessions = group_sessions(prompts, spec.turns)
+        specs, sessions, fit_report = session_prompts(spec, workload, tokenizer, salt=f"{salt}-{spec.label}")
+        prompts = [turn for turns in sessions for turn in turns]
         offsets = schedule(spec, [s[0] for s in sessions], workload.seed)
         del sessions[len(offsets) :]
     else:
@@ -347,7 +360,7 @@ def run_point(
         )
     else:
         records, t0, duration, extras = asyncio.run(
-            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done, sampler, sessions)
+            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done, sampler, sessions, live)
         )
     point_server_metrics = extras.pop("server_metrics", None)
     if sessions is not None:  # the turns as sent (history included); a session never started: its first turn

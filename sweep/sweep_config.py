@@ -47,6 +47,7 @@ class SweepConfig:
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
     think_time_s: float = 0.0
+    rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (sweep.rate_curve)
     warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
@@ -74,9 +75,22 @@ class SweepConfig:
             raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
         if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
             raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
-        if self.turns > 1 and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
-            raise ValueError("--turns needs --endpoint chat (the history is a message list), one client process and "
-                             "no --replay")
+        sessions = self.turns > 1 or self.workload.conversations is not None
+        if sessions and (self.workload.endpoint != "chat" or self.client_procs > 1 or self.mode == "replay"):
+            flag = "--conversations" if self.workload.conversations is not None else "--turns"
+            raise ValueError(
+                f"{flag} needs --endpoint chat (the history is a message list), one client process and no --replay"
+            )
+        if self.turns > 1 and self.workload.conversations is not None:
+            raise ValueError("--conversations takes each session's turns from the file; drop --turns")
+        if self.rate_curve is not None:
+            from sweep.rate_curve import check_rate_curve
+
+            check_rate_curve(self.rate_curve)
+            if self.mode != "rate" or self.ramp_up is not None:
+                raise ValueError(
+                    "--rate-curve shapes --request-rate points; drop --concurrency, --replay and --ramp-up-strategy"
+                )
         if self.search_repeats < 0:
             raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
         if self.warmup_seconds < 0 or self.cooldown_seconds < 0:

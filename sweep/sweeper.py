@@ -30,7 +30,7 @@ from sweep.launcher import ServerProcess, launch
 from sweep.point_fields import extra_point_fields
 from sweep.records import RequestRecord
 from sweep.repeats import pooled_point, repeat_order
-from sweep.run_info import check_reachable, client_fidelity, machine, versions
+from sweep.run_info import check_reachable, client_fidelity, machine, versions, workload_fidelity
 from sweep.runner import PointRun, PointSpec, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
 from sweep.sweep_config import SweepConfig
@@ -55,6 +55,10 @@ class Sweeper:
         with self.console.status(f"loading tokenizer {cfg.tokenizer or cfg.model}"):
             self.tokenizer = get_tokenizer(cfg.tokenizer or cfg.model)
         build_prompts(cfg.workload, self.tokenizer, 1, salt="check")  # a bad workload fails before any file exists
+        if cfg.workload.conversations is not None:
+            from workloads.conversations import load_conversations
+
+            load_conversations(cfg.workload.conversations)  # parsed once; a bad file fails here too
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
         if cfg.calibration:
@@ -128,6 +132,7 @@ class Sweeper:
                 "ramp_up": cfg.ramp_up,
                 "turns": cfg.turns,
                 "think_time_s": cfg.think_time_s,
+                "rate_curve": cfg.rate_curve,
                 "ignore_eos": cfg.ignore_eos,
                 "temperature": cfg.temperature,
             },
@@ -168,6 +173,7 @@ class Sweeper:
             ramp=cfg.ramp_up,
             turns=cfg.turns,
             think_time_s=cfg.think_time_s,
+            rate_curve=tuple(cfg.rate_curve) if cfg.rate_curve is not None else None,
         )
 
     def measure(self, value: float, repeat: int = 0) -> dict[str, Any]:
@@ -320,29 +326,10 @@ class Sweeper:
                 f"[yellow]{spec.label}: the point ran {run.duration:.1f} s, shorter than --warmup-seconds + "
                 "--cooldown-seconds; no steady-state window[/yellow]"
             )
-        point["fidelity"] = {**self._workload_fidelity(run), "client": client_fidelity(run)}
+        point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
         return point
-
-    def _workload_fidelity(self, run: PointRun) -> dict[str, Any]:
-        import workloads
-
-        if not hasattr(workloads, "fidelity") or not run.records:
-            return {}
-        ok: list[RequestRecord] = [r for r in run.records if r.success]
-        by_index = {r.index: r for r in ok}
-        if not ok:
-            return {}
-        pairs = [(s, by_index[p.index]) for s, p in zip(run.specs, run.prompts, strict=True) if p.index in by_index]
-        report = workloads.fidelity(
-            [s for s, _ in pairs],
-            [r.prompt_tokens for _, r in pairs],
-            [r.output_tokens for _, r in pairs],
-            intended_send_times=[r.intended_send_time - run.t0 for _, r in pairs],
-            actual_send_times=[r.send_time - run.t0 for _, r in pairs],
-        )
-        return report if isinstance(report, dict) else asdict(report)
 
     def _print_row(self, point: dict[str, Any]) -> None:
         p = percentile_name(max(self.config.percentiles))

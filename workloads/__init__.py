@@ -29,6 +29,7 @@ shortest possible prompt, and its extra["requested_input_len"] keeps the spec's 
 Sampling a mix: num_requests=None returns every row in trace order (a quantile table: one request per level).
 num_requests <= rows draws a seeded random subset without replacement, kept in trace order (a thinned trace:
 same burst shape, rate scaled by n/rows); num_requests > rows draws with replacement, also in trace order.
+Multi-turn conversation files (ShareGPT, LMSYS-Chat-1M, OpenAI messages) for session workloads: workloads.conversations.
 Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
 Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
