@@ -65,11 +65,6 @@ def engine_knob_names() -> list[str]:
     return list(engine_knobs())
 
 
-def knob_names() -> list[str]:
-    """Every name a space file may use: the engine knobs, then the fields of `speculative_config`."""
-    return [*engine_knob_names(), *speculative_space.KNOB_NAMES]
-
-
 @dataclass
 class Knob:
     """One tunable engine knob. `choices` for bool/categorical, `low`/`high` (+`log`, `step`) for int/float."""
