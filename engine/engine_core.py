@@ -38,8 +38,13 @@ class EngineCore:
         self.max_model_len: int = runner.max_model_len  # the config's, resolved when it was built
         self.eos_token_ids: list[int] = list(runner.eos_token_ids)
         self.vocab_size: int = runner.vocab_size
-        self.num_gpu_blocks = runner.determine_num_blocks()
+        # None: no speculation. A draft model loads before the sizing: its weights and KV share the target's budget.
+        self.spec_decoder = SpeculativeDecoder.from_config(config)
+        draft_block_bytes = self.spec_decoder.draft_block_bytes if self.spec_decoder is not None else 0
+        self.num_gpu_blocks = runner.determine_num_blocks(extra_block_bytes=draft_block_bytes)
         runner.initialize_kv_cache(self.num_gpu_blocks)
+        if self.spec_decoder is not None:
+            self.spec_decoder.initialize_kv_cache(self.num_gpu_blocks)
         self.scheduler = Scheduler(config, self.num_gpu_blocks)
         self.sampler = Sampler(runner.device, config.model_config.seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
@@ -48,7 +53,6 @@ class EngineCore:
             lambda: load_xgrammar_backend(config, self.vocab_size, self.eos_token_ids), self.vocab_size
         )
         self.scheduler.structured_output_manager = self.structured_output_manager
-        self.spec_decoder = SpeculativeDecoder.from_config(config, self.num_gpu_blocks)  # None: no speculation
 
     def add_request(self, request: Request) -> None:
         """Queue a request built by engine.processor.Processor (which validated its token ids, seed and EOS ids);

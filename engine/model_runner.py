@@ -12,7 +12,9 @@ KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is se
 * cpu: `gpu_memory_utilization * MemAvailable` (read before the weights load) minus the weights (read after they
   loaded), split evenly over the tensor-parallel ranks that share the RAM, minus an estimate of the activations
   at max_num_batched_tokens.
-Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use.
+Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use. With a draft
+model (speculative decoding) its weights are loaded before the sizing, so they count as the target's do, and
+each block costs the target's KV bytes plus the draft's (`extra_block_bytes`): the draft holds as many blocks.
 
 Invariant: every slot the attention backend reads is finite. The cache is allocated uninitialised (on
 the CPU this leaves untouched pages uncommitted), and a block is zeroed when a step writes its first
@@ -133,26 +135,30 @@ class ModelRunner:
         per_token = 2 * self.num_kv_heads * arch.head_dim * self.dtype.itemsize
         return arch.num_hidden_layers * per_token * self.block_size
 
-    def determine_num_blocks(self) -> int:
+    def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
+        """How many KV blocks fit the memory budget when each also costs `extra_block_bytes` (a draft model's)."""
         cc, sc = self.config.cache_config, self.config.scheduler_config
+        bytes_per_block = self.block_bytes + extra_block_bytes
         if cc.num_gpu_blocks_override is not None:
             num_blocks = cc.num_gpu_blocks_override
         else:
             budget = self._kv_budget_bytes()
             blocks_per_seq = -(-self.max_model_len // self.block_size)
-            num_blocks = min(budget // self.block_bytes, sc.max_num_seqs * blocks_per_seq)
+            num_blocks = min(budget // bytes_per_block, sc.max_num_seqs * blocks_per_seq)
             if num_blocks < blocks_per_seq:
+                draft = f" (each block also holds {extra_block_bytes} bytes of draft KV)" if extra_block_bytes else ""
                 raise ConfigError(
-                    f"the KV cache has room for {max(num_blocks, 0) * self.block_size} tokens, fewer than one "
+                    f"the KV cache has room for {max(num_blocks, 0) * self.block_size} tokens{draft}, fewer than one "
                     f"sequence of max_model_len={self.max_model_len}: lower --max-model-len, raise "
                     "--gpu-memory-utilization, or set --num-gpu-blocks-override"
                 )
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %s)",
+            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB%s, %s)",
             num_blocks,
             self.block_size,
             num_blocks * self.block_size,
-            num_blocks * self.block_bytes / 2**20,
+            num_blocks * bytes_per_block / 2**20,
+            " with the draft's" if extra_block_bytes else "",
             self.device,
         )
         return int(num_blocks)

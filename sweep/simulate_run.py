@@ -2,9 +2,10 @@
 
 The engine config is built exactly as a launched engine builds it (`EngineConfig.from_kwargs` with the model and
 knobs). The profile fixes what it measured: model, dtype, quantization, device and tensor-parallel size; a knob
-that contradicts it is an error. The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled
-machine's memory held (`kv_cache.tokens` in the profile, measured at its gpu_memory_utilization), capped as the
-model runner caps it at max_num_seqs sequences of max_model_len.
+that contradicts it is an error, and so is a speculative_config (the simulation does not model speculation).
+The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled machine's memory held
+(`kv_cache.tokens` in the profile, measured at its gpu_memory_utilization), capped as the model runner caps it at
+max_num_seqs sequences of max_model_len.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def engine_config(config: SimulateConfig) -> tuple[Any, int]:
     from engine.kv_cache_manager import cdiv
 
     engine = EngineConfig.from_kwargs(**config.knobs)
+    if engine.speculative_config is not None:
+        raise ValueError(
+            "the simulation does not model speculative decoding (its tokens are not the model's, so draft "
+            "acceptance would be made up, and draft-model passes are not costed); drop --speculative-config"
+        )
     cc, sc = engine.cache_config, engine.scheduler_config
     max_model_len = engine.model_config.max_model_len
     assert max_model_len is not None

@@ -19,8 +19,9 @@ class Executor(Protocol):
     vocab_size: int
     device: torch.device
 
-    def determine_num_blocks(self) -> int:
-        """The number of KV blocks of `cache_config.block_size` tokens the cache will hold."""
+    def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
+        """The number of KV blocks of `cache_config.block_size` tokens the cache will hold. Each block also costs
+        `extra_block_bytes` out of the same memory budget (a draft model's KV block: its pool has as many)."""
         ...
 
     def initialize_kv_cache(self, num_blocks: int) -> None: ...

@@ -163,9 +163,10 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------------------------------------- the Executor
 
-    def determine_num_blocks(self) -> int:
-        """Every rank sizes its own KV cache of its KV heads; the pool is the smallest rank's."""
-        self._broadcast(pickle.dumps(("determine_num_blocks",)))
+    def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
+        """Every rank sizes its own KV cache of its KV heads; the pool is the smallest rank's. Every rank pays the
+        whole `extra_block_bytes` per block (the draft model runs unsharded, in this process, on rank 0's device)."""
+        self._broadcast(pickle.dumps(("determine_num_blocks", extra_block_bytes)))
         per_rank = self._collect("ok", range(self.tensor_parallel_size))
         num_blocks = min(per_rank)
         logger.info(

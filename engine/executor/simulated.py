@@ -50,7 +50,8 @@ class SimulatedExecutor:
         self.busy_time = 0.0  # simulated seconds spent in steps
         self._rows = torch.zeros(0, vocab_size)
 
-    def determine_num_blocks(self) -> int:
+    def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
+        """The fixed size it was built with (the simulation refuses speculative decoding, so no draft KV)."""
         return self.num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

@@ -3,8 +3,8 @@ in a ModelRunner and runs the steps the driver sends it.
 
 Every message is one pickled tuple over the rank's own pipe (multiprocessing Connection, `send_bytes`).
 
-Driver → worker: ("determine_num_blocks",) | ("initialize_kv_cache", num_blocks) | ("execute", ModelInput)
-                 | ("shutdown",)
+Driver → worker: ("determine_num_blocks", extra_block_bytes) | ("initialize_kv_cache", num_blocks)
+                 | ("execute", ModelInput) | ("shutdown",)
 Worker → driver: ("ready", WorkerInfo) once loaded; ("ok", result) for determine_num_blocks and
                  initialize_kv_cache from every rank; for execute only rank 0 answers, with
                  ("logits", shape, StepTimes) followed by the float32 logits as raw bytes;
@@ -143,7 +143,7 @@ def _serve(rank: int, runner: Any, conn: Connection) -> None:
                 _send(conn, ("logits", array.shape, times))
                 conn.send_bytes(array if array.size else b"")  # a step without sample rows sends no bytes
         elif kind == "determine_num_blocks":
-            _send(conn, ("ok", runner.determine_num_blocks()))
+            _send(conn, ("ok", runner.determine_num_blocks(message[1])))
         elif kind == "initialize_kv_cache":
             runner.initialize_kv_cache(message[1])
             _send(conn, ("ok", None))

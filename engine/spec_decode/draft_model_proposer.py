@@ -1,6 +1,8 @@
 """Drafts from a smaller model that shares the target's vocabulary, run on its own paged KV cache.
 
 The draft model has its own ModelRunner, KV cache and KVCacheManager (its own block tables, no prefix caching).
+Its weights load before EngineCore sizes the target's KV cache, and its cache gets as many blocks as the target's,
+each block's bytes paid from the target's memory budget (engine/model_runner.py, `determine_num_blocks`).
 Per request it remembers how many positions of its KV are valid: after a step the target accepted some drafts,
 so the draft KV stays valid up to the first position whose token changed and the rest is recomputed (overwritten)
 by the next proposal. A request's draft blocks are freed when it finishes, is aborted or is preempted.
@@ -34,7 +36,7 @@ class _DraftState:
 
 
 class DraftModelProposer:
-    def __init__(self, config: EngineConfig, spec: SpeculativeConfig, num_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, spec: SpeculativeConfig) -> None:
         assert spec.model is not None
         mc, cc = config.model_config, config.cache_config
         assert mc.max_model_len is not None
@@ -42,14 +44,18 @@ class DraftModelProposer:
         draft_config = EngineConfig(
             ModelConfig(model=spec.model, dtype=mc.dtype, device=mc.device, seed=mc.seed,
                         max_model_len=mc.max_model_len + self.k),
-            CacheConfig(block_size=cc.block_size, enable_prefix_caching=False, num_gpu_blocks_override=num_blocks),
+            CacheConfig(block_size=cc.block_size, enable_prefix_caching=False),
             replace(config.scheduler_config, speculative_config=None),
         )  # fmt: skip
         self.runner = ModelRunner(draft_config)
-        self.runner.initialize_kv_cache(num_blocks)
-        self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, enable_caching=False)
+        self.kv_cache_manager: KVCacheManager  # set by initialize_kv_cache, once EngineCore has sized the KV cache
         self.generator = torch.Generator(device=self.runner.device).manual_seed(mc.seed + 1)
         self._states: dict[str, _DraftState] = {}
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """The draft's paged KV: `num_blocks` blocks, as many as the target's (EngineCore sizes both together)."""
+        self.runner.initialize_kv_cache(num_blocks)
+        self.kv_cache_manager = KVCacheManager(num_blocks, self.runner.block_size, enable_caching=False)
 
     def propose(
         self, requests: list[Request], generators: dict[str, torch.Generator]

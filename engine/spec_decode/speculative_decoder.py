@@ -14,7 +14,7 @@ from engine.spec_decode.rejection_sampler import rejection_sample
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: EngineConfig, spec: SpeculativeConfig, num_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, spec: SpeculativeConfig) -> None:
         self.spec = spec
         self.ngram: NgramProposer | None = None
         self.draft_model = None
@@ -24,15 +24,26 @@ class SpeculativeDecoder:
         else:
             from engine.spec_decode.draft_model_proposer import DraftModelProposer
 
-            self.draft_model = DraftModelProposer(config, spec, num_blocks)
+            self.draft_model = DraftModelProposer(config, spec)
         self.stats = SpecDecodingStats(spec.num_speculative_tokens)
         self._draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts proposed for the coming step
 
     @classmethod
-    def from_config(cls, config: EngineConfig, num_blocks: int) -> SpeculativeDecoder | None:
-        """None when the config has no speculative_config."""
+    def from_config(cls, config: EngineConfig) -> SpeculativeDecoder | None:
+        """None when the config has no speculative_config. A draft model is loaded; its KV cache waits for
+        `initialize_kv_cache`."""
         spec = config.speculative_config
-        return None if spec is None else cls(config, spec, num_blocks)
+        return None if spec is None else cls(config, spec)
+
+    @property
+    def draft_block_bytes(self) -> int:
+        """Bytes of one draft KV block (0 without a draft model): the target's budget pays them per block."""
+        return self.draft_model.runner.block_bytes if self.draft_model is not None else 0
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Give the draft model (if any) as many KV blocks as the target's cache holds."""
+        if self.draft_model is not None:
+            self.draft_model.initialize_kv_cache(num_blocks)
 
     def propose(self, running: list[Request], generators: dict[str, torch.Generator]) -> None:
         """Set the drafts of every running request whose next step is a decode; clear everyone else's."""

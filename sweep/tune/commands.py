@@ -174,7 +174,7 @@ def tune(
         if grid:
             search_space.grid()  # every knob needs a finite list of values
         if launch_command:  # a placeholder the space cannot fill fails here, not in every trial
-            fill_template(launch_command, model, {**dict.fromkeys(search_space.names), **search_space.fixed})
+            fill_template(launch_command, model, search_space.placeholder_knobs())
     except (ValueError, SpaceError) as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err

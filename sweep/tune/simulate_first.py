@@ -7,8 +7,10 @@ configuration for real only when the prediction is promising: a configuration pr
 hold a sequence, or misses the attainment target at every load for max-load and cost) or worse than the best
 measured trial so far by more than `margin` is recorded as PRUNED, with its prediction and the reason, and never
 launched. A configuration the profile did not measure (another tensor-parallel size, say) is launched
-unpredicted. Every trial keeps `predicted_values` (and the predicted decisive point's metrics in
-`predicted_metrics`), so the report shows predicted against measured for every launched trial.
+unpredicted, and so is one with speculative decoding: the simulator does not model it (its tokens are not the
+model's, so it cannot tell which drafts a model would accept, and it costs no draft-model passes). Every trial
+keeps `predicted_values` (and the predicted decisive point's metrics in `predicted_metrics`), so the report shows
+predicted against measured for every launched trial.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ PRUNED_STATUS = "pruned by simulation"
 
 
 class Unpredictable(RuntimeError):
-    """The profile did not measure this configuration (another model, dtype, device or tensor-parallel size)."""
+    """The profile did not measure this configuration (another model, dtype, device or tensor-parallel size), or
+    the simulator does not model it (speculative decoding)."""
 
 
 class SimulatedBackend:
@@ -52,6 +55,8 @@ class SimulatedBackend:
         from sweep.simulate_run import PROFILE_FIXED_KNOBS
 
         wanted = {**self.extra_knobs, **knobs, "model": w.model}
+        if wanted.get("speculative_config") is not None:
+            raise Unpredictable(f"the simulator does not model speculative decoding ({wanted['speculative_config']})")
         for name in PROFILE_FIXED_KNOBS:
             profiled = self.profile.knobs.get(name)
             if wanted.get(name) is not None and profiled is not None and wanted[name] != profiled:

@@ -1,9 +1,11 @@
 """The tuner's search space over the engine knobs, generated from the engine config fields (engine/config.py).
 
 A knob whose field declares a `SearchRange` is searched by default; a space file can search, pin or drop any
-engine knob, and a name that is not one is an error listing the valid names. Values the device or workload
-cannot use are dropped up front by the device filters (keyed by knob name) and the reason is kept in
-`SearchSpace.notes`, which the CLI prints.
+engine knob, and a name that is not one is an error listing the valid names. The fields of `speculative_config`
+are knobs of their own (`speculative_config.num_speculative_tokens`, ...; sweep/tune/speculative_space.py) that
+`SearchSpace.suggest` assembles into the engine's JSON. Values the device or workload cannot use are dropped up
+front by the device filters (keyed by knob name) and the reason is kept in `SearchSpace.notes`, which the CLI
+prints.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import optuna
 
 from engine.config import SearchRange, engine_knobs, knob_args
+from sweep.tune import speculative_space
 
 KNOB_KINDS = ("int", "float", "bool", "categorical")
 
@@ -179,12 +182,18 @@ def default_knobs(dev: DeviceInfo) -> list[Knob]:
     this order, so it is what keeps a seeded study's trials the same.
     """
     specs = sorted(engine_knobs().values(), key=lambda spec: _DRAW_ORDER.index(spec.component))
-    return [
-        Knob(spec.name, "bool" if spec.value_type is bool else "categorical",
-             choices=_default_choices(spec.search, dev), device_filter=DEVICE_FILTERS.get(spec.name))
-        for spec in specs
-        if spec.search is not None
-    ]
+    knobs: list[Knob] = []
+    for spec in specs:
+        if spec.search is None:
+            continue
+        choices = _default_choices(spec.search, dev)
+        if spec.name == "speculative_config":  # searched as its fields, in its place in the draw order
+            knobs += [Knob(name, "categorical", choices=values)
+                      for name, values in speculative_space.default_choices(choices).items()]
+            continue
+        kind = "bool" if spec.value_type is bool else "categorical"
+        knobs.append(Knob(spec.name, kind, choices=choices, device_filter=DEVICE_FILTERS.get(spec.name)))
+    return knobs
 
 
 @dataclass
@@ -196,8 +205,13 @@ class SearchSpace:
     notes: list[str] = field(default_factory=list)
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The trial's engine knobs: its draws and the pinned values, the speculative fields assembled."""
         params = {k.name: k.suggest(trial) for k in self.knobs}
-        return {**self.fixed, **params}
+        return speculative_space.assemble({**self.fixed, **params})
+
+    def placeholder_knobs(self) -> dict[str, Any]:
+        """Every engine knob a trial sets, with the pinned values (None for the searched ones)."""
+        return speculative_space.assemble({**dict.fromkeys(self.names), **self.fixed})
 
     @property
     def names(self) -> list[str]:
@@ -216,7 +230,7 @@ def known_constraint_violation(knobs: dict[str, Any], model_max_len: int | None)
     if knobs.get("enable_chunked_prefill") is False and mnbt is not None and max_len is not None and mnbt < max_len:
         return (f"max_num_batched_tokens ({mnbt}) must be >= max_model_len ({max_len}) "
                 "when chunked prefill is off")
-    return None
+    return speculative_space.config_violation(knobs.get("speculative_config"))
 
 
 def _load_space_file(path: Path) -> dict[str, Any]:
@@ -238,8 +252,9 @@ def _load_space_file(path: Path) -> dict[str, Any]:
 
 
 def _apply_override(knobs: dict[str, Knob], fixed: dict[str, Any], name: str, spec: Any, dev: DeviceInfo) -> None:
-    if name not in engine_knobs():
-        raise SpaceError(f"space file: unknown knob {name!r}; the engine knobs are: {', '.join(engine_knob_names())}")
+    if name not in engine_knobs() and name not in speculative_space.KNOB_NAMES:
+        raise SpaceError(f"space file: unknown knob {name!r}; the engine knobs are: {', '.join(engine_knob_names())}; "
+                         f"the speculative_config fields: {', '.join(speculative_space.KNOB_NAMES)}")
     if name == "model":
         raise SpaceError("space file: the model is `bench tune --model`, not a knob to search or pin")
     if spec is None:  # removed from the space: the engine default applies
@@ -283,8 +298,16 @@ def build_space(dev: DeviceInfo, space_file: str | Path | None = None) -> Search
         path = Path(space_file)
         if not path.is_file():
             raise SpaceError(f"space file {path} does not exist")
-        for name, spec in _load_space_file(path).items():
+        overrides = _load_space_file(path)
+        if "speculative_config" in overrides:
+            if named := [name for name in overrides if speculative_space.is_speculative_knob(name)]:
+                raise SpaceError(f"space file: give speculative_config or its fields {named}, not both")
+            for name in speculative_space.KNOB_NAMES:
+                knobs.pop(name, None)
+        for name, spec in overrides.items():
             _apply_override(knobs, fixed, name, spec, dev)
+        if errors := speculative_space.check_space(knobs, fixed):
+            raise SpaceError("space file: " + "; ".join(errors))
     searched: list[Knob] = []
     for knob in knobs.values():
         if knob.device_filter is not None and (note := knob.device_filter(knob, dev)):

@@ -85,7 +85,7 @@ class FixedTokenExecutor:
         self.device = torch.device("cpu")
         self.token, self.num_blocks, self.steps = token, num_blocks, 0
 
-    def determine_num_blocks(self) -> int:
+    def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
         return self.num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

@@ -15,7 +15,7 @@ from sweep.benchmark_metrics import calculate_metrics
 from sweep.results import load_results
 from sweep.runner import WorkloadConfig
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
-from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
+from sweep.simulate_run import SimulateConfig, engine_config, load_profile, run_simulation
 from workloads.spec import RequestSpec
 
 COST = CostModel({"overhead": 0.010, "tokens": 0.001})  # 10 ms a step + 1 ms a token
@@ -117,6 +117,16 @@ def test_simulate_refuses_knobs_the_profile_did_not_measure(tmp_path: Path, prof
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a `bench profile` file"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_simulate_refuses_speculative_decoding(tmp_path: Path, profile_path: Path) -> None:
+    config = SimulateConfig(
+        output_dir=tmp_path,
+        profile=load_profile(profile_path),
+        engine_knobs={"max_model_len": 128, "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'},
+    )
+    with pytest.raises(ValueError, match="does not model speculative decoding"):
+        engine_config(config)
 
 
 def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: Path) -> None:

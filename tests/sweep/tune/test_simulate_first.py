@@ -140,3 +140,40 @@ def test_a_configuration_the_profile_did_not_measure_is_launched_unpredicted(tmp
     run_study(study, objective, 1, None, show_progress=False)
     (trial,) = study.get_trials()
     assert real.launched and trial.state == TrialState.COMPLETE and trial.user_attrs["prediction"].startswith("none")
+
+
+def test_speculative_configurations_are_launched_unpredicted(tmp_path: Path) -> None:
+    """The simulator does not model speculative decoding: such a configuration is never pruned on its prediction."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kind": "servelab-step-profile", "knobs": {"model": "tiny-random"}, "kv_cache": {"tokens": 4096},
+        "cost_model": {"coefficients": {"overhead": 0.01}},
+    }))  # fmt: skip
+    simulator = SimulatedBackend(load_profile(profile), TrialWorkload(model="tiny-random", input_len=16, output_len=4))
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4}'
+    with pytest.raises(Unpredictable, match="does not model speculative decoding"):
+        with simulator.launch({"speculative_config": ngram}, tmp_path / "t"):
+            pass
+    path = tmp_path / "space.json"
+    path.write_text(
+        json.dumps(
+            {
+                "max_num_seqs": {"fixed": 2},
+                "speculative_config.num_speculative_tokens": 4,
+                "enable_prefix_caching": None,
+                "max_num_batched_tokens": None,
+                "block_size": None,
+                "enable_chunked_prefill": None,
+                "max_model_len": None,
+                "tensor_parallel_size": None,
+            }
+        )
+    )
+    real = FakeBackend(capacity)
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "sf4", spec, seed=0, info={})
+    objective = SimulateFirstObjective(build_space(DEVICE, path), spec, real, tmp_path, simulator=simulator)
+    run_study(study, objective, 1, None, show_progress=False)
+    (trial,) = study.get_trials()
+    assert [k["speculative_config"] for k in real.launched] == [ngram]
+    assert trial.state == TrialState.COMPLETE and "does not model speculative" in trial.user_attrs["prediction"]

@@ -57,6 +57,9 @@ def test_six_trial_study_writes_runs_best_command_and_report(tmp_path: Path) -> 
         if trial.state == TrialState.COMPLETE:
             config = json.loads((run_dir / "repeat0" / "config.json").read_text())
             assert config["target"]["engine_knobs"]["max_num_seqs"] == trial.params["max_num_seqs"]
+            speculative = config["target"]["engine_knobs"]["speculative_config"]  # assembled from its fields
+            depth = json.loads(speculative)["num_speculative_tokens"] if speculative else 0
+            assert depth == trial.params["speculative_config.num_speculative_tokens"]
             points = sorted((run_dir / "repeat0" / "points").glob("*.json"))
             assert points and trial.user_attrs["metrics"]["completed"] == 2
     page = (out / "tune_report.html").read_text()
