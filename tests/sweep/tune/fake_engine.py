@@ -5,7 +5,8 @@
 With `--max-num-seqs` named in `--faults`, the first completion request sets the fault off while it streams:
 `crash` exits with code 1, `oom` writes PyTorch's CUDA out-of-memory error and exits with code 1, `oomkill` is
 SIGKILLed as by the kernel's OOM killer, and `hang` stops answering anything (its event loop blocks; SIGTERM still
-ends it). Any other value serves like the mock. The tuner launches it through `--launch-command`.
+ends it). Any other value serves like the mock. With `--pid-dir D` it leaves an empty file `D/<its pid>`, so a
+test can check that every engine ever launched is gone. The tuner launches it through `--launch-command`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--max-num-seqs", type=int, required=True)
     parser.add_argument("--faults", default="", help="VALUE=FAULT,... with FAULT one of " + ", ".join(FAULTS))
+    parser.add_argument("--pid-dir", type=Path, default=None)
     args = parser.parse_args()
+    if args.pid_dir is not None:
+        args.pid_dir.mkdir(parents=True, exist_ok=True)
+        (args.pid_dir / str(os.getpid())).touch()
     faults = {int(k): v for k, _, v in (item.partition("=") for item in args.faults.split(",") if item)}
     assert set(faults.values()) <= set(FAULTS), faults
     print(f"fake engine: max_num_seqs={args.max_num_seqs} fault={faults.get(args.max_num_seqs)}", flush=True)
