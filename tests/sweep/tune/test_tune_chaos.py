@@ -31,7 +31,7 @@ NOT_SEARCHED = dict.fromkeys(["enable_prefix_caching", "max_num_batched_tokens",
 def tune(out: Path, pid_dir: Path) -> subprocess.Popen[str]:
     (out.parent / "space.json").write_text(json.dumps({"max_num_seqs": {"choices": [1, 2, 3]}, **NOT_SEARCHED}))
     template = (f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_ENGINE))} --port {{port}} "
-                f"--max-num-seqs {{max_num_seqs}} --faults 3=crash --pid-dir {shlex.quote(str(pid_dir))}")
+                f"--max-num-seqs {{max_num_seqs}} --faults 3=crash --pid-dir {shlex.quote(str(pid_dir))}")  # fmt: skip
     command = [sys.executable, "-m", "cli", "tune", "--model", "mock", "--tokenizer", "tiny-random",
                "--slo", "ttft=5000", "--objective", "goodput", "--concurrency", "2", "--n-trials", str(N_TRIALS),
                "--space", str(out.parent / "space.json"), "--output-dir", str(out), "--workload", "fixed",
