@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from sweep.mock_server import MockConfig, MockServer  # noqa: E402
 
 FAULTS = ("crash", "oom", "oomkill", "hang")
-FAULT_DELAY_S = 0.02  # the stream is under way when the fault strikes
+FAULT_DELAY_S = 0.02  # the stream (10 ms a token) is under way when the fault strikes
 
 
 def strike(fault: str) -> None:
@@ -73,7 +73,7 @@ def main() -> None:
     faults = {int(k): v for k, _, v in (item.partition("=") for item in args.faults.split(",") if item)}
     assert set(faults.values()) <= set(FAULTS), faults
     print(f"fake engine: max_num_seqs={args.max_num_seqs} fault={faults.get(args.max_num_seqs)}", flush=True)
-    asyncio.run(serve(MockConfig(port=args.port, ttft_ms=1, itl_ms=2), faults.get(args.max_num_seqs)))
+    asyncio.run(serve(MockConfig(port=args.port, ttft_ms=1, itl_ms=10), faults.get(args.max_num_seqs)))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def run_grid(tmp_path: Path, seqs: list[int], trial_timeout_s: float | None) -> 
     space_file.write_text(json.dumps({"max_num_seqs": {"choices": seqs}, **NOT_SEARCHED}))
     space = build_space(DeviceInfo(), space_file)
     spec = ObjectiveSpec(kind="goodput", attainment=0.5, load=2)
-    workload = TrialWorkload(model="mock", tokenizer="tiny-random", workload="fixed", input_len=8, output_len=4,
+    workload = TrialWorkload(model="mock", tokenizer="tiny-random", workload="fixed", input_len=8, output_len=8,
                              num_prompts=4, num_warmups=0, slo={"ttft_ms": 5000.0})  # fmt: skip
     backend = EngineBackend(workload, launch_command=TEMPLATE, startup_timeout_s=60, trial_timeout_s=trial_timeout_s)
     study = open_study(storage_url(None, tmp_path), "faults", spec, seed=0, info={}, grid=space.grid())
