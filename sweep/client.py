@@ -19,6 +19,8 @@ from sweep.structured import Constraint
 
 READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
 SESSION_TIMEOUT_S = 6 * 3600
+REQUEST_TIMEOUT_S = 6 * 3600.0  # `bench sweep --request-timeout`
+STALL_TIMEOUT_S = 600.0  # `bench sweep --stall-timeout`
 
 
 @dataclass
@@ -29,11 +31,21 @@ class ClientConfig:
     api_key: str | None = None
     ignore_eos: bool = True  # synthetic prompts: outputs must run to the requested length
     temperature: float | None = None  # None: the server's default (vLLM no longer forces 0)
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S  # a whole request, headers to last byte; None: no limit
+    stall_timeout_s: float | None = STALL_TIMEOUT_S  # longest wait for the next byte; None: no limit
 
     def __post_init__(self) -> None:
         if self.endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint must be 'completions' or 'chat', got {self.endpoint!r}")
+        for name in ("request_timeout_s", "stall_timeout_s"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 or None (no limit), got {getattr(self, name)}")
         self.url = self.url.rstrip("/")
+
+    @property
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """Per request: `total` ends a request that runs too long, `sock_read` one whose stream stalls."""
+        return aiohttp.ClientTimeout(total=self.request_timeout_s, sock_read=self.stall_timeout_s)
 
     @property
     def request_url(self) -> str:
@@ -142,7 +154,7 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
     counted_tokens = 0
     record.send_time = time.perf_counter()
     try:
-        async with session.post(config.request_url, data=body, headers=headers) as response:
+        async with session.post(config.request_url, data=body, headers=headers, timeout=config.timeout) as response:
             if response.status != 200:
                 detail = (await response.text())[:500]
                 record.error = f"HTTPStatus {response.status}: {detail}"
@@ -194,7 +206,10 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
     except asyncio.CancelledError:
         record.error = "Cancelled: the sweep was interrupted"
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+    except asyncio.TimeoutError as e:
+        record.error = timeout_reason(config, e)
+        return record
+    except (aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
         record.error = f"{type(e).__name__}: {e}"
         return record
     finally:
@@ -205,6 +220,13 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
         record.error = "EmptyResponse: the stream carried no choices"
     record.success = record.error is None
     return record
+
+
+def timeout_reason(config: ClientConfig, error: asyncio.TimeoutError) -> str:
+    """A request's timeout as its recorded error: `Stalled` (no byte for --stall-timeout) or `Timeout`."""
+    if isinstance(error, aiohttp.ServerTimeoutError) and "connect" not in str(error).lower():
+        return f"Stalled: no byte from the server for {config.stall_timeout_s:g} s (--stall-timeout)"
+    return f"Timeout: no complete response within {config.request_timeout_s:g} s (--request-timeout)"
 
 
 def count_tokens(records: list[RequestRecord], tokenizer: Any | None, prompts: dict[int, PromptRequest]) -> None:

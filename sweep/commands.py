@@ -142,6 +142,13 @@ def sweep(
         "default: --model."
     ),
     api_key: str | None = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the target."),
+    request_timeout: float = typer.Option(
+        21600.0, help="Seconds a request may take in all; a longer one fails with reason Timeout (0: no limit)."
+    ),
+    stall_timeout: float = typer.Option(
+        600.0, help="Seconds a request may wait for its next byte; a stream silent longer fails with reason "
+        "Stalled (0: no limit)."
+    ),
     endpoint: str = typer.Option("completions", help="completions | chat.", rich_help_panel=WORKLOAD_PANEL),
     workload: str = typer.Option(
         "random", help="Workload name or trace path (see `bench workloads list`).", rich_help_panel=WORKLOAD_PANEL
@@ -284,6 +291,8 @@ def sweep(
             temperature=temperature,
             cost_per_hour=cost_per_hour,
             gpus_per_instance=gpus_per_instance,
+            request_timeout_s=request_timeout,
+            stall_timeout_s=stall_timeout,
         )
         run_dir = run_sweep(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
@@ -322,12 +331,15 @@ def mock_server(
     tokens_per_chunk: int = typer.Option(1, help="Tokens per SSE event (>1 mimics coalesced streams)."),
     model: str = typer.Option("mock", help="Model id reported by /v1/models."),
     workers: int = typer.Option(1, help="Server processes sharing the port."),
+    hang_after_tokens: int | None = typer.Option(
+        None, help="Every response goes silent after this many tokens and stays open (a stalled engine)."
+    ),
 ) -> None:
     """An OpenAI-compatible server streaming on a programmed schedule (for calibration and tests)."""
     from sweep.mock_server import MockConfig, serve
 
     try:
-        config = MockConfig(host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model)
+        config = MockConfig(host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model, hang_after_tokens)
     except ValueError as e:
         _fail(str(e))
     typer.echo(f"mock server on http://{host}:{port}/v1 (TTFT {ttft_ms} ms, ITL {itl_ms} ms)")

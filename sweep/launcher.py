@@ -92,6 +92,17 @@ class ServerProcess:
             return "(no log)"
 
     def start(self) -> ServerProcess:
+        """Spawn the server and wait until it is healthy (stopping it if it never is)."""
+        self.spawn()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn(self) -> ServerProcess:
+        """Start the process without waiting for it to be healthy (`wait_healthy` does that)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(self.command)}\n".encode())
@@ -105,11 +116,6 @@ class ServerProcess:
                 preexec_fn=die_with_parent(),
                 cwd=Path(__file__).resolve().parent.parent,
             )
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def wait_healthy(self) -> None:

@@ -7,6 +7,8 @@ Each request's first token leaves `ttft_ms` after the request arrives and token 
 /metrics (requests running, prompt and generated tokens under vLLM's names),
 returns usage (and per-chunk usage with `stream_options.continuous_usage_stats`), and a `servelab` timing
 field shaped like the built-in server's, so the client's TTFT decomposition can be tested.
+With `hang_after_tokens` N, every response stops after N tokens and stays open, sending nothing more (a non-streamed
+one never answers), while /health keeps answering: a stalled engine, for the client's timeouts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class MockConfig:
     output_len: int | None = None  # cap on tokens per request; None: max_tokens decides
     tokens_per_chunk: int = 1  # >1 coalesces tokens into one SSE event, like spec decode or stream intervals
     model: str = "mock"
+    hang_after_tokens: int | None = None  # every response goes silent after this many tokens
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -39,6 +42,8 @@ class MockConfig:
             raise ValueError(f"tokens_per_chunk must be >= 1, got {self.tokens_per_chunk}")
         if self.output_len is not None and self.output_len < 1:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
+        if self.hang_after_tokens is not None and self.hang_after_tokens < 0:
+            raise ValueError(f"hang_after_tokens must be >= 0, got {self.hang_after_tokens}")
 
 
 # asyncio's epoll waits round timeouts up to whole milliseconds, so a timer fires 0-1 ms late (0.5 ms on
@@ -49,6 +54,11 @@ TIMER_CENTRING_S = 0.0005
 async def _sleep_until(deadline: float) -> None:
     # Always yields, even when already due, so zero-gap streams interleave instead of bursting.
     await asyncio.sleep(max(0.0, deadline - time.perf_counter() - TIMER_CENTRING_S))
+
+
+async def _hang() -> None:
+    """Wait until the client goes away (the connection's loss cancels the request's task)."""
+    await asyncio.get_running_loop().create_future()
 
 
 def _num_prompt_tokens(body: dict) -> int:
@@ -137,6 +147,8 @@ class MockServer:
             "num_cached_tokens": 0,
         }
         if not body.get("stream"):
+            if cfg.hang_after_tokens is not None:
+                await _hang()
             await _sleep_until(timing["finished_time"])
             text = TOKEN_TEXT * n
             choice = {"index": 0, "finish_reason": "length"}
@@ -159,8 +171,12 @@ class MockServer:
         conn.start_stream()
         sent = 0
         while sent < n:
+            if cfg.hang_after_tokens is not None and sent >= cfg.hang_after_tokens:
+                await _hang()
             await _sleep_until(first_token_at + (sent + cfg.tokens_per_chunk - 1) * cfg.itl_ms / 1000.0)
             count = min(cfg.tokens_per_chunk, n - sent)
+            if cfg.hang_after_tokens is not None:
+                count = min(count, cfg.hang_after_tokens - sent)
             sent += count
             text = TOKEN_TEXT * count
             finish = "length" if sent == n else None
@@ -320,6 +336,7 @@ if __name__ == "__main__":
     parser.add_argument("--itl-ms", type=float, default=10.0)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--hang-after-tokens", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     args = vars(parser.parse_args())
     workers = args.pop("workers")

@@ -1,5 +1,5 @@
 """What a sweep records about its run besides the points: versions, the machine, the client's own health,
-and the reachability check of a target URL."""
+and the reachability and health checks of a target URL (`TargetUnhealthy` when it fails them)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ import numpy as np
 
 from sweep.records import RequestRecord
 from sweep.runner import PointRun
+
+
+class TargetUnhealthy(RuntimeError):
+    """The served engine died or stopped answering: unreachable, or /health answers with a 5xx."""
 
 
 def versions() -> dict[str, str]:
@@ -84,7 +88,7 @@ def check_reachable(url: str, api_key: str | None) -> None:
             raise RuntimeError(f"{url} rejected the API key (HTTP {e.code}); pass --api-key") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise RuntimeError(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None
+        raise TargetUnhealthy(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None
 
 
 def workload_fidelity(run: PointRun) -> dict[str, Any]:
@@ -106,3 +110,22 @@ def workload_fidelity(run: PointRun) -> dict[str, Any]:
         actual_send_times=[r.send_time - run.t0 for _, r in pairs],
     )
     return report if isinstance(report, dict) else asdict(report)
+
+
+def check_target_healthy(url: str, label: str, failed: int) -> None:
+    """After a point with failures against a --url server: stop the sweep, saying so, if the server is down or
+    answers /health with a 5xx (our server answers 503 once its engine process died)."""
+    root = url.removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(root + "/health", timeout=10):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code < 500:
+            return  # no /health route (404) or it needs a key: not a verdict on the server
+        why = f"answers /health with {e.code}: {e.read()[:200].decode(errors='replace')}"
+    except (urllib.error.URLError, OSError) as e:
+        why = f"is unreachable ({getattr(e, 'reason', e)})"
+    raise TargetUnhealthy(
+        f"point {label} finished with {failed} failed requests and is kept, but the server {root} {why}; "
+        "later points were not run: restart the server and rerun with the same flags and --resume"
+    )

@@ -253,9 +253,9 @@ async def preconnect(session: aiohttp.ClientSession, client: ClientConfig, n: in
 
     async def one() -> None:
         try:
-            async with session.get(f"{client.url}/models", headers=headers) as response:
+            async with session.get(f"{client.url}/models", headers=headers, timeout=client.timeout) as response:
                 await response.read()
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             pass  # an unreachable server shows up in the measured requests' errors
 
     await asyncio.gather(*(one() for _ in range(min(n, PRECONNECT_MAX))))
@@ -266,9 +266,9 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfi
     root = client.url.removesuffix("/v1")
     headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
     try:
-        async with session.post(f"{root}/reset_prefix_cache", headers=headers) as response:
+        async with session.post(f"{root}/reset_prefix_cache", headers=headers, timeout=client.timeout) as response:
             return response.status == 200
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
 
 

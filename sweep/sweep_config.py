@@ -10,6 +10,7 @@ from typing import Any
 
 from sweep import results
 from sweep.benchmark_metrics import DEFAULT_PERCENTILES
+from sweep.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
 from sweep.runner import WorkloadConfig
 
 
@@ -51,6 +52,8 @@ class SweepConfig:
     warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S  # a request running longer fails with "Timeout"; 0/None: off
+    stall_timeout_s: float | None = STALL_TIMEOUT_S  # a stream silent this long fails with "Stalled"; 0/None: off
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
     gpus_per_instance: int = 1
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
@@ -98,6 +101,11 @@ class SweepConfig:
                 f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "
                 f"{self.cooldown_seconds}"
             )
+        for flag, name in (("--request-timeout", "request_timeout_s"), ("--stall-timeout", "stall_timeout_s")):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{flag} must be >= 0 (0: no limit), got {value}")
+            setattr(self, name, value or None)
         if self.client_procs < 1:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
         if self.num_prompts is None and self.duration is None:

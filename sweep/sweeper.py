@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +28,7 @@ from sweep.launcher import ServerProcess, launch
 from sweep.point_fields import extra_point_fields
 from sweep.records import RequestRecord
 from sweep.repeats import pooled_point, repeat_order
-from sweep.run_info import check_reachable, client_fidelity, machine, versions, workload_fidelity
+from sweep.run_info import check_reachable, check_target_healthy, client_fidelity, machine, versions, workload_fidelity
 from sweep.runner import PointRun, PointSpec, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
 from sweep.sweep_config import SweepConfig
@@ -91,6 +89,8 @@ class Sweeper:
             api_key=cfg.api_key,
             ignore_eos=cfg.ignore_eos,
             temperature=cfg.temperature,
+            request_timeout_s=cfg.request_timeout_s,
+            stall_timeout_s=cfg.stall_timeout_s,
         )
         return self
 
@@ -135,6 +135,8 @@ class Sweeper:
                 "rate_curve": cfg.rate_curve,
                 "ignore_eos": cfg.ignore_eos,
                 "temperature": cfg.temperature,
+                "request_timeout_s": cfg.request_timeout_s,
+                "stall_timeout_s": cfg.stall_timeout_s,
             },
             "slo": cfg.slo,
             "percentiles": cfg.percentiles,
@@ -204,7 +206,7 @@ class Sweeper:
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         if self.server is None and point["failed"]:
-            self._check_target_healthy(spec.label, point["failed"])
+            check_target_healthy(self.client.url, spec.label, point["failed"])
         return point
 
     def _run_point(self, spec: PointSpec, title: str | None = None) -> PointRun:
@@ -245,7 +247,7 @@ class Sweeper:
             point = self.point_dict(run)
             self.writer.write_repeat(point, repeat, [r.to_row(spec.label) for r in run.records])
             if self.server is None and point["failed"]:
-                self._check_target_healthy(f"{spec.label} repeat {repeat}", point["failed"])
+                check_target_healthy(self.client.url, f"{spec.label} repeat {repeat}", point["failed"])
         self._print_row({**point, "label": f"{spec.label}.r{repeat}"})
         done = self.writer.finished_repeats()
         if spec.label not in self.writer.finished_labels() and all(
@@ -253,7 +255,10 @@ class Sweeper:
         ):
             repeats = [self.writer.load_repeat(spec.label, k) for k in range(self.config.repeats)]
             pooled = pooled_point(
-                repeats, self.writer.load_rows(spec.label), self.config.percentiles, self.config.slo,
+                repeats,
+                self.writer.load_rows(spec.label),
+                self.config.percentiles,
+                self.config.slo,
                 queue_inclusive=queue_inclusive_applies(spec.concurrency, spec.rate),
             )
             rows = self.writer.load_rows(spec.label)
@@ -270,25 +275,6 @@ class Sweeper:
 
         cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
         point.update(cost_fields(records, duration, self.config.slo, cost))
-
-    def _check_target_healthy(self, label: str, failed: int) -> None:
-        """After a point with failures against a --url server: stop the sweep, saying so, if the server is down or
-        answers /health with a 5xx (our server answers 503 once its engine process died)."""
-        assert self.client is not None
-        root = self.client.url.removesuffix("/v1")
-        try:
-            with urllib.request.urlopen(root + "/health", timeout=10):
-                return
-        except urllib.error.HTTPError as e:
-            if e.code < 500:
-                return  # no /health route (404) or it needs a key: not a verdict on the server
-            why = f"answers /health with {e.code}: {e.read()[:200].decode(errors='replace')}"
-        except (urllib.error.URLError, OSError) as e:
-            why = f"is unreachable ({getattr(e, 'reason', e)})"
-        raise RuntimeError(
-            f"point {label} finished with {failed} failed requests and is kept, but the server {root} {why}; "
-            "later points were not run: restart the server and rerun with the same flags and --resume"
-        )
 
     def _check_server_alive(self) -> None:
         """A launched engine that died mid-point fails the sweep (with its log) instead of recording failures."""

@@ -2,9 +2,11 @@
 
 Each trial starts its engine once (the built-in `bench serve` or an external launch template), then each repeat
 is one `Sweeper` run directory `trial_NNNN/repeatR/` against it (the results contract: config.json, points/,
-requests.jsonl, summary.csv), with the engine's `server.log` in the trial directory. A start failure, or an
-engine that dies while it is measured, raises `Infeasible` with the log's tail. The engine's pid is written to
-`engine.pid`, so a later worker can end an engine whose tuner was killed (`reap_orphan_engine`).
+requests.jsonl, summary.csv), with the engine's `server.log` in the trial directory. A start failure, an engine
+that crashes, runs out of memory or stops answering while it is measured, or a trial that runs past its timeout
+(its engine is then killed) raises `Infeasible` with the reason and the log's tail. The engine's pid is written
+to `engine.pid` (atomically) as soon as it is spawned, so a later worker can end an engine whose tuner was killed
+(`reap_orphan_engine`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ import json
 import os
 import shlex
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from sweep.results import write_atomic
+from sweep.run_info import TargetUnhealthy
 from sweep.tune.objective import Infeasible, MeasurePoint
 from sweep.tune.space import fill_template
 
@@ -87,14 +93,49 @@ def reap_orphan_engine(trial_dir: Path) -> bool:
     return True
 
 
+class TrialTimeout:
+    """Kills the trial's engine (SIGKILL to its process group) once the trial has run `timeout_s`: whatever the
+    trial then waits on (health checks, streams) fails at once, and `fired` tells the trial why."""
+
+    def __init__(self, server: Any, timeout_s: float | None) -> None:
+        self.server, self.timeout_s = server, timeout_s
+        self.fired = False
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> TrialTimeout:
+        if self.timeout_s:
+            self._timer = threading.Timer(self.timeout_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _fire(self) -> None:
+        self.fired = True
+        process = self.server.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def check(self) -> None:
+        if self.fired:
+            raise Infeasible(f"the trial ran past --trial-timeout {self.timeout_s:g} s and its engine was killed; "
+                             f"log {self.server.log_path}:\n{self.server.log_tail()}", cause="timeout")
+
+
 class EngineBackend:
     """`TrialBackend` for real engines."""
 
     def __init__(self, workload: TrialWorkload, launch_command: str | None = None,
-                 extra_knobs: dict[str, Any] | None = None, startup_timeout_s: float = 600.0) -> None:
+                 extra_knobs: dict[str, Any] | None = None, startup_timeout_s: float = 600.0,
+                 trial_timeout_s: float | None = None) -> None:
         self.workload, self.launch_command = workload, launch_command
         self.extra_knobs = extra_knobs or {}
         self.startup_timeout_s = startup_timeout_s
+        self.trial_timeout_s = trial_timeout_s
 
     def _server(self, knobs: dict[str, Any], trial_dir: Path) -> Any:
         from sweep.launcher import ServerProcess, builtin_command, free_port
@@ -116,24 +157,27 @@ class EngineBackend:
 
         trial_dir.mkdir(parents=True, exist_ok=True)
         server = self._server(knobs, trial_dir)
-        try:
-            server.start()
-        except ServerStartError as err:
-            raise Infeasible(f"engine failed to start: {err}") from err
-        except OSError as err:
-            raise Infeasible(f"engine failed to start: {shlex.join(server.command)}: {err}") from err
-        assert server.process is not None
-        pid = server.process.pid
-        (trial_dir / ENGINE_PID).write_text(json.dumps({"pid": pid, "start": process_start(pid)}))
-        with contextlib.ExitStack() as sweepers:
+        with TrialTimeout(server, self.trial_timeout_s) as timeout, contextlib.ExitStack() as sweepers:
             try:
-                yield lambda repeat: self._measure(sweepers, server, knobs, trial_dir / f"repeat{repeat}")
+                server.spawn()
+            except OSError as err:
+                raise Infeasible(f"engine failed to start: {shlex.join(server.command)}: {err}") from err
+            try:
+                assert server.process is not None
+                pid = server.process.pid
+                write_atomic(trial_dir / ENGINE_PID, json.dumps({"pid": pid, "start": process_start(pid)}))
+                try:
+                    server.wait_healthy()
+                except ServerStartError as err:
+                    timeout.check()
+                    raise Infeasible(f"engine failed to start: {err}", cause=_exit_cause(server, "start")) from err
+                yield lambda repeat: self._measure(sweepers, server, timeout, knobs, trial_dir / f"repeat{repeat}")
             finally:
                 sweepers.close()
                 server.stop()
                 (trial_dir / ENGINE_PID).unlink(missing_ok=True)
 
-    def _measure(self, sweepers: contextlib.ExitStack, server: Any, knobs: dict[str, Any],
+    def _measure(self, sweepers: contextlib.ExitStack, server: Any, timeout: TrialTimeout, knobs: dict[str, Any],
                  run_dir: Path) -> MeasurePoint:
         """A sweep run directory against the trial's engine; `measure(load)` runs one point of it."""
         from rich.console import Console
@@ -154,7 +198,10 @@ class EngineBackend:
         # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:
             sweeper = sweepers.enter_context(Sweeper(config, console=Console(stderr=True, quiet=True)))
-        except RuntimeError:  # e.g. the engine died right after /health: that is the configuration's failure
+        except TargetUnhealthy as err:  # e.g. the engine died right after /health: the configuration's failure
+            self._unhealthy(server, timeout, err)
+        except RuntimeError:
+            timeout.check()
             self._check_alive(server)
             raise
         assert sweeper.writer is not None
@@ -164,19 +211,46 @@ class EngineBackend:
         def measure(load: float) -> dict[str, Any]:
             if w.load_mode == "concurrency":  # at least one prompt per stream, or the point measures less load
                 config.num_prompts = max(w.num_prompts, int(load))
-            point = sweeper.measure(load)
+            try:
+                point = sweeper.measure(load)
+            except TargetUnhealthy as err:  # the point is written, with its failed requests
+                self._unhealthy(server, timeout, err)
+            timeout.check()
             self._check_alive(server)
             return point
 
         return measure
 
+    def _unhealthy(self, server: Any, timeout: TrialTimeout, err: TargetUnhealthy) -> NoReturn:
+        """Why the target stopped answering, as `Infeasible`: the trial timeout, an exit, or a hung engine."""
+        timeout.check()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(timeout=EXIT_WAIT_S)  # a crashing engine may close its sockets before it exits
+        self._check_alive(server)
+        raise Infeasible(f"the engine stopped answering while measured: {err}; log {server.log_path}:\n"
+                         f"{server.log_tail()}", cause="unhealthy") from err
+
     @staticmethod
     def _check_alive(server: Any) -> None:
         if server.process is not None and (code := server.process.poll()) is not None:
-            tail = server.log_tail()
-            oom = "out of memory" in tail.lower() or "outofmemory" in tail.lower()
-            raise Infeasible(f"engine {'ran out of memory' if oom else 'crashed'} (exit code {code}) "
-                             f"while measured; log {server.log_path}:\n{tail}")
+            cause = _exit_cause(server, "crash")
+            what = {"oom": "ran out of memory", "crash": "crashed"}[cause]
+            raise Infeasible(f"engine {what} (exit code {code}) while measured; log {server.log_path}:\n"
+                             f"{server.log_tail()}", cause=cause)
         if server.process is not None and engine_dead_behind_server(server.host, server.port):
             raise Infeasible(f"the engine behind the server died while measured (/health answers 503, e.g. a "
-                             f"tensor-parallel rank died); log {server.log_path}:\n{server.log_tail()}")
+                             f"tensor-parallel rank died); log {server.log_path}:\n{server.log_tail()}",
+                             cause="crash")
+
+
+EXIT_WAIT_S = 5.0
+OOM_MARKERS = ("out of memory", "outofmemory")
+
+
+def _exit_cause(server: Any, otherwise: str) -> str:
+    """`oom` when the engine's log says so or the kernel killed it (SIGKILL, as its OOM killer does), else
+    `otherwise`."""
+    code = server.process.poll() if server.process is not None else None
+    if code == -signal.SIGKILL or any(marker in server.log_tail().lower() for marker in OOM_MARKERS):
+        return "oom"
+    return otherwise

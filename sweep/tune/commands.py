@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from sweep.results import ReportRenderer
+from sweep.results import ReportRenderer, write_atomic
 
 
 def _model_max_len(model: str) -> int | None:
@@ -105,6 +105,10 @@ def tune(
     ),
     repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
+    trial_timeout: float = typer.Option(
+        7200, help="Seconds a whole trial (engine start and every point) may take; past it the engine is killed and "
+        "the trial recorded infeasible, cause timeout (0: no limit)."
+    ),
     grid: bool = typer.Option(False, help="Measure every combination of the space once (Optuna GridSampler) "
                               "instead of TPE; --n-trials defaults to the grid's size."),
     simulate_first: Path | None = typer.Option(
@@ -140,6 +144,8 @@ def tune(
             raise ValueError("--slo needs at least one of ttft, tpot, e2el")
         if concurrency is not None and request_rate is not None:
             raise ValueError("give --concurrency or --request-rate, not both")
+        if trial_timeout < 0:
+            raise ValueError(f"--trial-timeout must be >= 0 (0: no limit), got {trial_timeout}")
         if objective == "cost" and cost_per_hour is None:
             raise ValueError("--objective cost needs --cost-per-hour USD (the price of one instance-hour)")
         if cost_per_hour is not None:
@@ -213,6 +219,7 @@ def tune(
         "load": load,
         "launch_command": launch_command or "",
         "repeats": repeats,
+        "trial_timeout_s": trial_timeout or None,
     }
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -227,7 +234,8 @@ def tune(
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
-    backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout)
+    backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout,
+                            trial_timeout_s=trial_timeout or None)
     if profile is not None:
         from sweep.tune.simulate_first import SimulatedBackend, SimulateFirstObjective
 
@@ -258,7 +266,7 @@ def tune(
             )
         except Exception as err:  # the tuning result stands without its sweep report; say why it is missing
             console.print(f"[yellow]the best trial's sweep report failed:[/yellow] {err}")
-    (output_dir / "best.json").write_text(json.dumps(best, indent=2, default=str))
+    write_atomic(output_dir / "best.json", json.dumps(best, indent=2, default=str))
     report = write_report(study, output_dir, best)
     if not best:
         console.print("[red]no feasible configuration met the SLO[/red]")

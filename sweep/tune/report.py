@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.results import ReportRenderer
+from sweep.results import ReportRenderer, write_atomic
 from sweep.tune.study import best_trials, feasible
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
@@ -98,10 +98,11 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
     css = "infeasible" if status == "infeasible" else "pruned" if trial.state == TrialState.PRUNED else ""
     values = ", ".join(f"{v:.4g}" for v in trial.values) if trial.values else ""
     spread = trial.user_attrs.get("spread")
+    cause = trial.user_attrs.get("cause")
     cells = [
         str(trial.number),
         trial.state.name,
-        status,
+        f"{status} ({cause})" if cause else status,
         values,
         ", ".join(f"{s:.3g}" for s in spread) if spread else "",
         ", ".join(f"{v:.4g}" for v in trial.user_attrs.get("predicted_values") or []),
@@ -167,5 +168,5 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
 {trial_table(study)}
 </body></html>"""
     path = output_dir / "tune_report.html"
-    path.write_text(page)
+    write_atomic(path, page)
     return path

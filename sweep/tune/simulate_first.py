@@ -78,7 +78,7 @@ class SimulatedBackend:
         try:
             simulator = Simulator(config, console=Console(stderr=True, quiet=True))
         except ValueError as err:  # the engine would refuse it: a knob error, or no room for one sequence
-            raise Infeasible(f"simulation: {err}") from err
+            raise Infeasible(f"simulation: {err}", cause="simulation") from err
 
         def measure(load: float) -> dict[str, Any]:
             if w.load_mode == "concurrency":

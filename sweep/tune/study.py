@@ -3,8 +3,9 @@
 - Storage: an SQLite file in the output directory by default (a killed study resumes with the same command), or
   any Optuna RDB URL (`postgresql://...`) shared by N workers. Trials of a dead worker are failed and re-queued
   with the same parameters: at once when the worker was on this machine, else by Optuna's heartbeat.
-- Infeasible configurations (known constraint broken, engine fails to start, OOM, crash) are COMPLETE trials with
-  pessimistic values, a violated `starts` constraint and their error as a user attribute: TPE learns from them.
+- Infeasible configurations (known constraint broken, engine fails to start, OOM, crash, stops answering, runs past
+  the trial timeout) are COMPLETE trials with pessimistic values, a violated `starts` constraint, and their error
+  and its one-word `cause` as user attributes: TPE learns from them, and the study goes on.
 - `n_trials` is the study's total of finished trials, so rerunning the same command finishes the study.
 """
 
@@ -198,8 +199,9 @@ class TuneObjective:
         if self.spec.kind in ("max-load", "cost"):
             trial.set_constraint("slo", slo_violation)
 
-    def _infeasible(self, trial: optuna.Trial, reason: str) -> list[float]:
+    def _infeasible(self, trial: optuna.Trial, reason: str, cause: str) -> list[float]:
         trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("cause", cause)
         trial.set_user_attr("error", reason[-4000:])
         self._constrain(trial, started=False, slo_violation=self.spec.attainment)
         return self.spec.infeasible_values()
@@ -233,14 +235,14 @@ class TuneObjective:
         trial_dir = self.output_dir / "trials" / f"trial_{trial.number:04d}"
         trial.set_user_attr("run_dir", str(trial_dir.resolve()))
         if violation := known_constraint_violation(knobs, self.model_max_len):
-            return self._infeasible(trial, f"known constraint: {violation}")
+            return self._infeasible(trial, f"known constraint: {violation}", "constraint")
         evaluations: list[Evaluation] = []
         try:
             with self.backend.launch(knobs, trial_dir) as measure_for_repeat:
                 for repeat in range(self.repeats):
                     evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
         except Infeasible as err:
-            return self._infeasible(trial, str(err))
+            return self._infeasible(trial, str(err), err.cause)
         values, spreads = combine_repeats(evaluations)
         trial.set_user_attr("status", "ok")
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])

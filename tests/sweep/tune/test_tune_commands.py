@@ -72,10 +72,11 @@ def test_a_study_killed_mid_trial_resumes_with_the_same_command(tmp_path: Path) 
     command = tune_command(out, 2)
     tuner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pid_file = out / "trials" / "trial_0000" / "engine.pid"
+    measured = out / "trials" / "trial_0000" / "repeat0" / "config.json"  # written once the engine is healthy
     deadline = time.monotonic() + 600
-    while not pid_file.exists() and tuner.poll() is None and time.monotonic() < deadline:
+    while not measured.exists() and tuner.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert pid_file.exists(), "the first trial never started its engine"
+    assert pid_file.exists() and measured.exists(), "the first trial never started its engine"
     engine = json.loads(pid_file.read_text())
     tuner.send_signal(signal.SIGKILL)  # mid-trial: the engine is up and being measured
     tuner.wait()
