@@ -183,7 +183,7 @@ def ab(
     candidate_command: str | None = typer.Option(None, help="Candidate: a server launch template instead."),
     candidate_args: str = typer.Option("", help="Extra arguments for the candidate's server command."),
     concurrency: str = typer.Option("1,2,4", help="Closed-loop streams per point."),
-    num_prompts: int = typer.Option(64, help="Requests per point and repeat."),
+    num_prompts: int = typer.Option(32, help="Requests per point and repeat (docs/GATE.md: why 32)."),
     repeats: int = typer.Option(3, help="Interleaved repeats per side (docs/GATE.md: why 3)."),
     workload: str = typer.Option("random", help="Workload (as for bench sweep)."),
     input_len: int | None = typer.Option(128, help="Prompt tokens (fixed/random workloads)."),
