@@ -44,15 +44,19 @@ def guard(measure: Any) -> QualityGuard:
     return QualityGuard(QualityGuardConfig("tiny-random", 0.02, window=32, num_tokens=64), measure=measure)
 
 
-def run(tmp_path: Path, objective_guard: QualityGuard | None, n_trials: int = 6) -> tuple[optuna.Study, FakeBackend]:
+def run(tmp_path: Path, objective_guard: QualityGuard | None, storage: bool = False
+        ) -> tuple[optuna.Study, FakeBackend]:
+    """A 3-trial grid over quantization, in memory (or in the SQLite storage a resume reopens)."""
     space_file = tmp_path / "space.json"
-    space_file.write_text(json.dumps({"max_num_seqs": {"choices": [2, 4]},
+    space_file.write_text(json.dumps({"max_num_seqs": {"choices": [2]},
                                       "quantization": {"choices": ["none", "int8", "int4"]}, **NOT_SEARCHED}))
     space = build_space(DeviceInfo(), space_file)
     backend = FakeBackend(capacity=lambda knobs: knobs["max_num_seqs"])
-    study = open_study(storage_url(None, tmp_path), "quality", SPEC, seed=0, info={}, grid=space.grid())
+    study = (open_study(storage_url(None, tmp_path), "quality", SPEC, seed=0, info={}, grid=space.grid()) if storage
+             else optuna.create_study(sampler=optuna.samplers.GridSampler(space.grid(), seed=0),
+                                      directions=SPEC.directions))  # fmt: skip
     objective = TuneObjective(space, SPEC, backend, tmp_path, quality_guard=objective_guard)
-    run_study(study, objective, n_trials, None, show_progress=False)
+    run_study(study, objective, 3, None, show_progress=False)
     return study, backend
 
 
@@ -76,11 +80,16 @@ def test_a_negative_bound_stops_bench_tune_before_any_trial(tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sweep.tune.report.plots", lambda study: "")
+
+
 def test_quality_is_measured_once_per_setting_and_a_setting_over_the_bound_never_launches(tmp_path: Path) -> None:
     measure = CountingMeasure()
     study, backend = run(tmp_path, guard(measure))
     assert sorted(s["quantization"] for s in measure.settings) == ["int4", "int8"]  # none is the reference
-    assert all(t.state == TrialState.COMPLETE for t in study.trials) and len(study.trials) == 6
+    assert all(t.state == TrialState.COMPLETE for t in study.trials) and len(study.trials) == 3
     assert {k["quantization"] for k in backend.launched} == {"none", "int8"}
     for trial in study.trials:
         quantization = trial.params["quantization"]
@@ -98,15 +107,15 @@ def test_quality_is_measured_once_per_setting_and_a_setting_over_the_bound_never
 
 
 def test_a_resumed_study_reads_the_cached_quality(tmp_path: Path) -> None:
-    run(tmp_path, guard(CountingMeasure()))
+    run(tmp_path, guard(CountingMeasure()), storage=True)
     study = open_study(storage_url(None, tmp_path), "quality", SPEC, seed=0, info={})
     study.enqueue_trial({"max_num_seqs": 2, "quantization": "int4"})
-    study.enqueue_trial({"max_num_seqs": 4, "quantization": "int8"})
+    study.enqueue_trial({"max_num_seqs": 2, "quantization": "int8"})
     space = build_space(DeviceInfo(), tmp_path / "space.json")
     backend = FakeBackend(capacity=lambda knobs: knobs["max_num_seqs"])
-    run_study(study, TuneObjective(space, SPEC, backend, tmp_path, quality_guard=guard(never_measured)), 8, None,
+    run_study(study, TuneObjective(space, SPEC, backend, tmp_path, quality_guard=guard(never_measured)), 5, None,
               show_progress=False)
-    resumed = study.trials[6:]
+    resumed = study.trials[3:]
     assert [t.user_attrs["cause"] if t.user_attrs["status"] == "infeasible" else "ok" for t in resumed] == [
         "quality", "ok"]  # fmt: skip
     assert [k["quantization"] for k in backend.launched] == ["int8"]
@@ -114,19 +123,19 @@ def test_a_resumed_study_reads_the_cached_quality(tmp_path: Path) -> None:
 
 def test_without_the_flag_nothing_is_measured_and_the_report_has_no_quality_column(tmp_path: Path) -> None:
     study, backend = run(tmp_path, None)
-    assert len(backend.launched) == 6 and all("perplexity_increase" not in t.user_attrs for t in study.trials)
+    assert len(backend.launched) == 3 and all("perplexity_increase" not in t.user_attrs for t in study.trials)
     assert "quality (perplexity" not in write_report(study, tmp_path, []).read_text()
 
 
 def test_the_measurement_is_bench_quality_on_tiny_random(tmp_path: Path) -> None:
     study = optuna.create_study(storage=storage_url(None, tmp_path))
-    config = QualityGuardConfig("tiny-random", 1.0, window=32, num_tokens=64)
+    config = QualityGuardConfig("tiny-random", 1.0, window=16, num_tokens=32)
     record = QualityGuard(config, measure_in_process(config)).quality(study, {"quantization": "int8", "dtype":
                                                                               "float32", "max_num_seqs": 4})
-    assert record["setting"] == {"dtype": "float32", "quantization": "int8"} and record["num_scored_tokens"] == 62
+    assert record["setting"] == {"dtype": "float32", "quantization": "int8"} and record["num_scored_tokens"] == 30
     assert math.isclose(record["perplexity_increase"], record["perplexity"] / record["reference_perplexity"] - 1)
     (key,) = study.user_attrs
-    assert json.loads(key.removeprefix("quality:"))["window"] == 32 and study.user_attrs[key] == record
+    assert json.loads(key.removeprefix("quality:"))["window"] == 16 and study.user_attrs[key] == record
     with pytest.raises(Infeasible, match="fp8") as err:  # the engine refuses fp8 on the CPU: so would the trial
         QualityGuard(config, measure_in_process(config)).quality(study, {"quantization": "fp8"})
     assert err.value.cause == "start"
