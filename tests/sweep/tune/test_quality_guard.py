@@ -3,6 +3,7 @@ the bound infeasible (cause quality) without a launch, one under it launched, th
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from tune_fakes import FakeBackend
 from typer.testing import CliRunner
 
 from cli import app
+from engine import LLM
 from sweep.tune.objective import Infeasible, ObjectiveSpec
 from sweep.tune.quality_guard import QualityGuard, QualityGuardConfig, measure_in_process, parse_max_quality_loss
 from sweep.tune.report import write_report
@@ -134,6 +136,7 @@ def test_the_measurement_is_bench_quality_on_tiny_random(tmp_path: Path) -> None
                                                                               "float32", "max_num_seqs": 4})
     assert record["setting"] == {"dtype": "float32", "quantization": "int8"} and record["num_scored_tokens"] == 30
     assert math.isclose(record["perplexity_increase"], record["perplexity"] / record["reference_perplexity"] - 1)
+    assert not any(isinstance(o, LLM) for o in gc.get_objects())  # both engines' memory is released
     (key,) = study.user_attrs
     assert json.loads(key.removeprefix("quality:"))["window"] == 16 and study.user_attrs[key] == record
     with pytest.raises(Infeasible, match="fp8") as err:  # the engine refuses fp8 on the CPU: so would the trial
