@@ -120,6 +120,12 @@ def tune(
         None, help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it)."
     ),
     gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
+    max_quality_loss: str | None = typer.Option(
+        None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
+        "are infeasible, cause quality (measured with `bench quality` once per weight setting, before any launch)."
+    ),
+    quality_window: int = typer.Option(1024, help="--max-quality-loss: tokens per scored window (bench quality)."),
+    quality_tokens: int | None = typer.Option(None, help="--max-quality-loss: score only the text's first N tokens."),
 ) -> None:
     """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
     import logging
@@ -152,6 +158,12 @@ def tune(
             from sweep.cost import CostConfig
 
             CostConfig(cost_per_hour, gpus_per_instance)
+        quality_guard = None
+        if max_quality_loss is not None:
+            from sweep.tune.quality_guard import QualityGuard, QualityGuardConfig, parse_max_quality_loss
+
+            quality_guard = QualityGuard(QualityGuardConfig(model, parse_max_quality_loss(max_quality_loss),
+                                                            window=quality_window, num_tokens=quality_tokens))
         profile = None
         if simulate_first is not None:
             from sweep.simulate_run import load_profile
@@ -220,6 +232,7 @@ def tune(
         "launch_command": launch_command or "",
         "repeats": repeats,
         "trial_timeout_s": trial_timeout or None,
+        **({"max_quality_loss": quality_guard.config.max_loss} if quality_guard else {}),
     }
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -242,14 +255,15 @@ def tune(
         try:
             tune_objective: TuneObjective = SimulateFirstObjective(
                 search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len,
-                simulator=SimulatedBackend(profile, trial_workload), margin=prune_margin,
+                simulator=SimulatedBackend(profile, trial_workload), margin=prune_margin, quality_guard=quality_guard,
             )  # fmt: skip
         except ValueError as err:
             console.print(f"[red]error:[/red] {err}")
             raise typer.Exit(2) from err
     else:
         tune_objective = TuneObjective(
-            search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len
+            search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len,
+            quality_guard=quality_guard,
         )
     console.print(f"study [bold]{name}[/bold] in {url}")
     aborted: TuneAborted | None = None

@@ -24,14 +24,15 @@ NO_COST = 1e12  # USD per million tokens told for a point with no good request (
 
 class Infeasible(RuntimeError):
     """The configuration cannot run: the engine failed to start, ran out of memory, crashed, stopped answering or
-    ran past the trial timeout. `cause` names which, in one word (INFEASIBLE_CAUSES)."""
+    ran past the trial timeout, or its quantization costs more quality than allowed. `cause` names which, in one
+    word (INFEASIBLE_CAUSES)."""
 
     def __init__(self, reason: str, cause: str = "start") -> None:
         super().__init__(reason)
         self.cause = cause
 
 
-INFEASIBLE_CAUSES = ("constraint", "start", "oom", "crash", "unhealthy", "timeout", "simulation")
+INFEASIBLE_CAUSES = ("constraint", "start", "oom", "crash", "unhealthy", "timeout", "simulation", "quality")
 
 
 @dataclass

@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep.results import ReportRenderer, write_atomic
+from sweep.tune.quality_guard import CACHE_PREFIX as QUALITY_CACHE_PREFIX
 from sweep.tune.study import best_trials, feasible
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
@@ -93,7 +94,12 @@ def plots(study: optuna.Study) -> str:
     return "".join(sections)
 
 
-def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
+def _quality_cell(trial: FrozenTrial) -> str:
+    loss = trial.user_attrs.get("perplexity_increase")
+    return "" if loss is None else f"{100 * loss:+.2f} %"
+
+
+def _trial_row(trial: FrozenTrial, param_names: list[str], quality: bool) -> str:
     status = trial.user_attrs.get("status", trial.state.name.lower())
     css = "infeasible" if status == "infeasible" else "pruned" if trial.state == TrialState.PRUNED else ""
     values = ", ".join(f"{v:.4g}" for v in trial.values) if trial.values else ""
@@ -106,6 +112,7 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
         values,
         ", ".join(f"{s:.3g}" for s in spread) if spread else "",
         ", ".join(f"{v:.4g}" for v in trial.user_attrs.get("predicted_values") or []),
+        *([_quality_cell(trial)] if quality else []),
     ]
     cells += [str(trial.params.get(p, "")) for p in param_names]
     cells += [trial.user_attrs.get("error") or "", trial.user_attrs.get("run_dir", "")]
@@ -116,8 +123,10 @@ def _trial_row(trial: FrozenTrial, param_names: list[str]) -> str:
 def trial_table(study: optuna.Study) -> str:
     trials = study.get_trials(deepcopy=False)
     param_names = sorted({p for t in trials for p in t.params})
-    head = ["#", "state", "status", "values", "spread", "predicted", *param_names, "error", "run dir"]
-    rows = "\n".join(_trial_row(t, param_names) for t in trials)
+    quality = any("perplexity_increase" in t.user_attrs for t in trials)  # only with --max-quality-loss
+    head = ["#", "state", "status", "values", "spread", "predicted", *(["quality (perplexity vs unquantized)"]
+            if quality else []), *param_names, "error", "run dir"]
+    rows = "\n".join(_trial_row(t, param_names, quality) for t in trials)
     return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>\n{rows}</table>"
 
 
@@ -154,6 +163,7 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
     infeasible = sum(t.state == TrialState.COMPLETE and not feasible(t) for t in trials)
     info = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in study.user_attrs.items()
+        if not k.startswith(QUALITY_CACHE_PREFIX)  # the quality cache shows per trial, in the quality column
     )
     title = f"bench tune: {html.escape(study.study_name)}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>

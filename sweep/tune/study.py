@@ -36,6 +36,7 @@ from sweep.tune.objective import (
     combine_repeats,
     evaluate,
 )
+from sweep.tune.quality_guard import QualityGuard
 from sweep.tune.space import SearchSpace, known_constraint_violation
 
 HEARTBEAT_INTERVAL_S = 10
@@ -185,11 +186,13 @@ class TuneObjective:
     """The callable Optuna runs per trial."""
 
     def __init__(self, space: SearchSpace, spec: ObjectiveSpec, backend: TrialBackend, output_dir: Path,
-                 repeats: int = 1, model_max_len: int | None = None) -> None:
+                 repeats: int = 1, model_max_len: int | None = None, quality_guard: QualityGuard | None = None
+                 ) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.space, self.spec, self.backend = space, spec, backend
         self.output_dir, self.repeats, self.model_max_len = output_dir, repeats, model_max_len
+        self.quality_guard = quality_guard
 
     def _constrain(self, trial: optuna.Trial, started: bool, slo_violation: float) -> None:
         """Soft constraints (feasible iff all <= 0). `slo` only for max-load, where a value of 0 means the SLO is
@@ -238,6 +241,11 @@ class TuneObjective:
             return self._infeasible(trial, f"known constraint: {violation}", "constraint")
         evaluations: list[Evaluation] = []
         try:
+            if self.quality_guard is not None:
+                quality = self.quality_guard.quality(trial.study, knobs)
+                trial.set_user_attr("perplexity_increase", quality["perplexity_increase"])
+                if violation := self.quality_guard.violation(quality):
+                    return self._infeasible(trial, violation, "quality")
             with self.backend.launch(knobs, trial_dir) as measure_for_repeat:
                 for repeat in range(self.repeats):
                     evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
