@@ -129,6 +129,10 @@ def build_prompts(
 ) -> tuple[list[Any], list[PromptRequest], Any]:
     import workloads
 
+    if workload.workload in workloads.TEXT_WORKLOADS:
+        from sweep.text_workloads import text_prompts
+
+        return (*text_prompts(workload, tokenizer, n, workload.seed + seed_offset, salt), None)
     is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
     specs = workloads.load(
         workload.workload,

@@ -2,7 +2,8 @@
 
 Their answers reuse long runs of the prompt's tokens, which is where prompt-lookup (n-gram) speculative decoding
 pays. Passages are built from seeded sentence templates, so a seed always gives the same prompts. Each request is
-text (a chat message) plus its output length; `bench spec-decode --workload copy-heavy` sends them.
+text (a chat message) plus its output length; `bench spec-decode --workload copy-heavy` and `bench sweep --workload
+copy-heavy` send them.
 """
 
 from __future__ import annotations

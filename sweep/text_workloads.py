@@ -1,0 +1,41 @@
+"""Prompts of the text workloads (`workloads.TEXT_WORKLOADS`, e.g. copy-heavy): their point is what the prompt
+says, so each request's text is sent as it is (a user message on the chat endpoint, the raw text on
+completions) and its input length is counted with the target's tokenizer, chat template included."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sweep.client import PromptRequest
+from workloads.spec import RequestSpec
+
+if TYPE_CHECKING:
+    from sweep.runner import WorkloadConfig
+
+DEFAULT_OUTPUT_LEN = 128
+
+
+def text_prompts(
+    workload: WorkloadConfig, tokenizer: Any, n: int, seed: int, salt: str
+) -> tuple[list[RequestSpec], list[PromptRequest]]:
+    """`n` requests of the text workload `workload.workload`. A non-empty `salt` starts every prompt (`[salt] `),
+    so a point does not hit the prefix cache the previous point warmed with the same texts."""
+    import workloads
+
+    output_len = workload.output_len or DEFAULT_OUTPUT_LEN
+    texts = workloads.load_texts(workload.workload, num_requests=n, seed=seed, output_len=output_len)
+    specs: list[RequestSpec] = []
+    prompts: list[PromptRequest] = []
+    for index, request in enumerate(texts):
+        text = f"[{salt}] {request.prompt}" if salt else request.prompt
+        if workload.endpoint == "chat":
+            messages: list[dict] | None = [{"role": "user", "content": text}]
+            prompt = None
+            rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            input_len = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        else:
+            messages, prompt = None, text
+            input_len = len(tokenizer(text, add_special_tokens=True)["input_ids"])
+        specs.append(RequestSpec(input_len=input_len, output_len=request.output_len))
+        prompts.append(PromptRequest(index, prompt, messages, input_len, request.output_len))
+    return specs, prompts
