@@ -8,7 +8,9 @@ docs/BENCHMARKS.md), not token-identical to float32; on other CPUs it is emulate
 
 KV cache dtype: `kv_cache_dtype=auto` stores K/V in the model dtype; `bfloat16` stores them in bfloat16 (the
 backends' KV write casts, their reads cast back to the compute dtype), so a block of a float32 model costs half
-the bytes and the same budget holds about twice the blocks.
+the bytes and the same budget holds about twice the blocks. The rounding reaches attention where K/V are read
+back from the cache: decodes and prefill chunks with cached context (in the torch backend the chunk's own tokens
+too, in the triton backend only its context); a prefill without cached context attends over its fresh K/V.
 
 KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
 * cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
