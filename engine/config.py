@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8")
 QUANTIZATION_GROUP_SIZES = (32, 64, 128)
 QUANTIZATION_SKIPPABLE = ("lm_head", "embed_tokens")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 
@@ -160,6 +161,23 @@ def quantization_unsupported_reason(quantization: str, device_type: str) -> str 
     return None
 
 
+def kv_cache_dtype_unsupported_reason(kv_cache_dtype: str, device_type: str) -> str | None:
+    """Why the engine cannot store its KV cache as `kv_cache_dtype` on `device_type`, or None when it can."""
+    if kv_cache_dtype == "fp8" and device_type != "cuda":
+        return (
+            f"kv_cache_dtype='fp8' needs a CUDA GPU (float8_e4m3fn storage with a scale); this engine runs on "
+            f"{device_type}: use --kv-cache-dtype bfloat16 or auto"
+        )
+    if kv_cache_dtype == "fp8":
+        return "kv_cache_dtype='fp8' is not implemented for CUDA in this engine yet: use --kv-cache-dtype bfloat16"
+    return None
+
+
+def _check_kv_cache_dtype(mc: ModelConfig, cc: CacheConfig) -> None:
+    reason = kv_cache_dtype_unsupported_reason(cc.kv_cache_dtype, resolved_device_type(mc.device))
+    _check(reason is None, reason or "")
+
+
 @dataclass
 class CacheConfig:
     enable_prefix_caching: bool = knob(
@@ -172,8 +190,17 @@ class CacheConfig:
         search=SearchRange(cpu=(0.7, 0.8, 0.9, 0.95)),
     )
     num_gpu_blocks_override: int | None = knob(None, help="KV-cache size in blocks (skips memory sizing).")
+    kv_cache_dtype: str = knob(
+        "auto",
+        help="Storage dtype of the paged KV cache: " + " | ".join(KV_CACHE_DTYPES) + " (auto: the model dtype; "
+        "bfloat16 halves a float32 model's KV bytes per block; fp8 is not implemented yet).",
+    )
 
     def __post_init__(self) -> None:
+        _check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+        )
         _check(
             self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
             f"block_size must be a positive power of two, got {self.block_size}",
@@ -426,6 +453,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
         self.speculative_config = SpeculativeConfig.from_json(sc.speculative_config)
+        _check_kv_cache_dtype(mc, self.cache_config)
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)
         if self.parallel_config.tensor_parallel_size > 1:
@@ -450,6 +478,7 @@ class EngineConfig:
             for component, cls_ in COMPONENTS.items()
         }
         mc: ModelConfig = parts["model_config"]
+        _check_kv_cache_dtype(mc, parts["cache_config"])
         context_length = model_context_length(mc.model)
         if mc.max_model_len is None:
             mc.max_model_len = context_length

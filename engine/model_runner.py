@@ -6,6 +6,12 @@ reference numerics and the precision the CPU benchmarks use. `--dtype bfloat16` 
 choice on CPUs with native bfloat16 (AVX512-BF16 / AMX; ~1.4x the float32 output tok/s in
 docs/BENCHMARKS.md), not token-identical to float32; on other CPUs it is emulated, and the runner warns.
 
+KV cache dtype: `kv_cache_dtype=auto` stores K/V in the model dtype; `bfloat16` stores them in bfloat16 (the
+backends' KV write casts, their reads cast back to the compute dtype), so a block of a float32 model costs half
+the bytes and the same budget holds about twice the blocks. The rounding reaches attention where K/V are read
+back from the cache: decodes and prefill chunks with cached context (in the torch backend the chunk's own tokens
+too, in the triton backend only its context); a prefill without cached context attends over its fresh K/V.
+
 KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
 * cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
   the KV cache gets `gpu_memory_utilization * total - peak - memory held by others` (per rank: one device each).
@@ -56,6 +62,11 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype
     return checkpoint_dtype if device.type == "cuda" else torch.float32
 
 
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's storage dtype: the model dtype for `auto`, else the named one."""
+    return model_dtype if name == "auto" else _DTYPES[name]
+
+
 def _cpu_has_native_bf16() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -82,6 +93,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(mc.dtype, self.device, self.arch.torch_dtype)
         if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not _cpu_has_native_bf16():
             logger.warning("dtype bfloat16: this CPU has no native bfloat16 (oneDNN emulates it; float32 is faster)")
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
         assert mc.max_model_len is not None, "EngineConfig resolves max_model_len against the model"
         self.max_model_len: int = mc.max_model_len
         self.block_size = config.cache_config.block_size
@@ -132,7 +144,7 @@ class ModelRunner:
     def block_bytes(self) -> int:
         """Bytes of KV one block holds across all layers, for this rank's KV heads."""
         arch = self.arch
-        per_token = 2 * self.num_kv_heads * arch.head_dim * self.dtype.itemsize
+        per_token = 2 * self.num_kv_heads * arch.head_dim * self.kv_cache_dtype.itemsize
         return arch.num_hidden_layers * per_token * self.block_size
 
     def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
@@ -153,12 +165,13 @@ class ModelRunner:
                     "--gpu-memory-utilization, or set --num-gpu-blocks-override"
                 )
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB%s, %s)",
+            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB%s, %s, %s)",
             num_blocks,
             self.block_size,
             num_blocks * self.block_size,
             num_blocks * bytes_per_block / 2**20,
             " with the draft's" if extra_block_bytes else "",
+            str(self.kv_cache_dtype).removeprefix("torch."),
             self.device,
         )
         return int(num_blocks)
@@ -210,9 +223,8 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks)
-        self.kv_caches = [
-            torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)
-        ]
+        layers = self.arch.num_hidden_layers
+        self.kv_caches = [torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device) for _ in range(layers)]
         self.num_blocks = num_blocks
         self.model.bind_kv_caches(self.kv_caches)
 

@@ -1,9 +1,9 @@
 """A whole simulated sweep: the profile, the engine config, every point, the run directory (`bench simulate`).
 
 The engine config is built exactly as a launched engine builds it (`EngineConfig.from_kwargs` with the model and
-knobs). The profile fixes what it measured: model, dtype, quantization, device and tensor-parallel size; a knob
-that contradicts it is an error, and so is a speculative_config (the simulation does not model speculation).
-The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled machine's memory held
+knobs). The profile fixes what it measured: model, dtype, quantization, kv_cache_dtype, device and tensor-parallel
+size; a knob that contradicts it is an error, and so is a speculative_config (the simulation does not model
+speculation). The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled machine's memory held
 (`kv_cache.tokens` in the profile, measured at its gpu_memory_utilization), capped as the model runner caps it at
 max_num_seqs sequences of max_model_len.
 """
@@ -28,7 +28,7 @@ from sweep.runner import PointSpec, WorkloadConfig, schedule
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
 
 PROFILE_KIND = "servelab-step-profile"
-PROFILE_FIXED_KNOBS = ("model", "dtype", "quantization", "device", "tensor_parallel_size")
+PROFILE_FIXED_KNOBS = ("model", "dtype", "quantization", "kv_cache_dtype", "device", "tensor_parallel_size")
 
 
 @dataclass

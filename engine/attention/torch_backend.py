@@ -2,7 +2,8 @@
 
 KV cache layout per layer: [2, num_kv_heads, num_blocks, block_size, head_dim]. Heads lead so that
 gathering a sequence's blocks with `index_select` on dim 2 yields [kv_heads, ..., tokens, head_dim],
-already in the layout the batched matmuls of SDPA want (no transposed copy of K/V).
+already in the layout the batched matmuls of SDPA want (no transposed copy of K/V). The cache may have another
+dtype than the model (kv_cache_dtype): the write casts K/V to it, every read casts back to the query's dtype.
 
 * Decodes (query length 1) run as ONE SDPA call per layer: block tables are padded into a
   [num_decodes, max_blocks] index, the KV is gathered into [kv_heads, num_decodes, max_blocks *
@@ -172,12 +173,14 @@ class TorchAttentionBackend(AttentionBackend):
         if md.write_indices is not None:
             k, v = k.index_select(0, md.write_indices), v.index_select(0, md.write_indices)
             slot_mapping = slot_mapping.index_select(0, md.write_indices)
-        flat[0].index_copy_(1, slot_mapping, k.transpose(0, 1))
-        flat[1].index_copy_(1, slot_mapping, v.transpose(0, 1))
+        flat[0].index_copy_(1, slot_mapping, k.transpose(0, 1).to(flat.dtype))
+        flat[1].index_copy_(1, slot_mapping, v.transpose(0, 1).to(flat.dtype))
 
-    def _gather(self, kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[kv_heads, len(block_ids) * block_size, head_dim] for K and V of the given blocks."""
-        gathered = kv_cache.index_select(2, block_ids)
+    def _gather(
+        self, kv_cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[kv_heads, len(block_ids) * block_size, head_dim] for K and V of the given blocks, as `dtype`."""
+        gathered = kv_cache.index_select(2, block_ids).to(dtype)
         shape = (self.num_kv_heads, -1, self.head_dim)
         return gathered[0].view(shape), gathered[1].view(shape)
 
@@ -191,6 +194,7 @@ class TorchAttentionBackend(AttentionBackend):
             if md.decode_kv_buffer is None:
                 md.decode_kv_buffer = kv_cache.new_empty((2, kvh, ids.numel(), bs, dim))
             kv = torch.index_select(kv_cache, 2, ids, out=md.decode_kv_buffer).view(2, kvh, n, -1, dim)
+            kv = kv.to(k.dtype)
             return kv[0], kv[1]
         shape = (2, kvh, n, self._mirror_blocks * bs, dim)
         needed = 2 * kvh * n * self._mirror_blocks * bs * dim
@@ -206,8 +210,10 @@ class TorchAttentionBackend(AttentionBackend):
             idx, rows = md.decode_token_indices, torch.arange(n, device=k.device)
             new_k = k[:n] if idx is None else k.index_select(0, idx)
             new_v = v[:n] if idx is None else v.index_select(0, idx)
-            mirror[0][:, rows, md.decode_positions] = new_k.transpose(0, 1)
-            mirror[1][:, rows, md.decode_positions] = new_v.transpose(0, 1)
+            mirror[0][:, rows, md.decode_positions] = new_k.transpose(0, 1).to(mirror.dtype)
+            mirror[1][:, rows, md.decode_positions] = new_v.transpose(0, 1).to(mirror.dtype)
+        if mirror.dtype != k.dtype:  # a kv_cache_dtype unlike the model's: the mirror holds the stored values
+            mirror = mirror.to(k.dtype)
         return mirror[0], mirror[1]
 
     def _decode(
@@ -259,7 +265,7 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             if kv_cache is None:
                 raise ValueError("a prefill chunk with cached context needs a KV cache")
-            key, value = self._gather(kv_cache, chunk.block_ids)
+            key, value = self._gather(kv_cache, chunk.block_ids, q.dtype)
             key, value = key[None, :, : chunk.seq_len], value[None, :, : chunk.seq_len]
             o = F.scaled_dot_product_attention(
                 q_seq, key, value, attn_mask=chunk.mask, scale=self.scale, enable_gqa=True

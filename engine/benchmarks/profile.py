@@ -10,8 +10,8 @@ sampled greedily by the engine's `Sampler` (what EngineCore does in a step, less
 A point's time is the median of `--repeats` runs after one warm-up run. The profile JSON holds the measurements,
 the fitted `CostModel` (engine/executor/cost_model.py) with its in-sample and leave-one-out relative errors, the
 KV cache's capacity on this machine (`kv_cache.tokens` at the given gpu_memory_utilization, uncapped by
-max_num_seqs), the fixed knobs (model, dtype, quantization, device, block size, and tensor-parallel size 1: the
-in-process runner), the machine and the versions.
+max_num_seqs), the fixed knobs (model, dtype, quantization, kv_cache_dtype, device, block size, and
+tensor-parallel size 1: the in-process runner), the machine and the versions.
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, ec
             "model": mc.model,
             "dtype": str(runner.dtype).removeprefix("torch."),
             "quantization": mc.quantization,
+            "kv_cache_dtype": config.cache_config.kv_cache_dtype,
             "device": runner.device.type,
             "block_size": runner.block_size,
             "tensor_parallel_size": config.parallel_config.tensor_parallel_size,

@@ -1,15 +1,17 @@
-"""`bench quality`: what a quantization setting costs in quality, measured on a shipped public-domain text.
+"""`bench quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
+public-domain text.
 
 The text (engine/benchmarks/data/, provenance in its README.md) is tokenized once and cut into windows of
 `window` tokens; each window is one prompt scored teacher-forced through the engine's `prompt_logprobs`
-(max_tokens=1). Two engines run the same windows: the configuration under test and its unquantized reference
-(the same knobs with quantization=none). Reported:
+(max_tokens=1). Two engines run the same windows: the configuration under test and its reference
+(the same knobs with quantization=none and kv_cache_dtype=auto). Reported:
 
 * perplexity = exp(-mean logprob of every window token after the window's first), for both engines, and
   perplexity_increase = perplexity / reference_perplexity - 1;
 * top1_agreement = the fraction of those positions where both engines' most likely next token is the same.
 
-The engine has no kv_cache_dtype knob yet, so the reference differs from the run in `quantization` only.
+A window's first prefill chunk attends over its fresh K/V, not the cache, so a kv_cache_dtype shows only in
+later chunks: measure it with --max-num-batched-tokens well below the window.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class TeacherForcedScores:
 class QualityResult:
     model: str
     quantization: str
+    kv_cache_dtype: str
     dtype: str
     text: str
     text_sha256: str
@@ -92,7 +95,7 @@ def score_windows(llm: Any, windows: list[list[int]]) -> TeacherForcedScores:
 def measure_quality(
     knobs: dict[str, Any], window: int = 1024, num_tokens: int | None = None, max_num_batched_tokens: int = 1024
 ) -> QualityResult:
-    """Score the text with the engine configured by `knobs` and with its unquantized reference."""
+    """Score the text with the engine configured by `knobs` and with its reference (unquantized, model-dtype KV)."""
     from engine.llm import LLM
     from engine.tokenizer import get_tokenizer
 
@@ -101,7 +104,7 @@ def measure_quality(
     run_knobs = {"max_num_batched_tokens": max_num_batched_tokens, **knobs, "model": model}
     run_knobs.setdefault("max_model_len", max(window, 2) + 1)
     run_knobs.setdefault("max_num_seqs", len(windows))
-    reference_knobs = {**run_knobs, "quantization": "none"}
+    reference_knobs = {**run_knobs, "quantization": "none", "kv_cache_dtype": "auto"}
     scores = {}
     for name, engine_knobs in (("reference", reference_knobs), ("run", run_knobs)):
         llm = LLM(**{k: v for k, v in engine_knobs.items() if v is not None})
@@ -113,6 +116,7 @@ def measure_quality(
     return QualityResult(
         model=model,
         quantization=run_knobs.get("quantization", "none"),
+        kv_cache_dtype=run_knobs.get("kv_cache_dtype", "auto"),
         dtype=run_knobs.get("dtype", "auto"),
         text=TEXT_SOURCE,
         text_sha256=hashlib.sha256(TEXT_PATH.read_bytes()).hexdigest(),
@@ -134,21 +138,22 @@ def quality(
     num_tokens: int | None = typer.Option(None, help="Score only the text's first N tokens [default: all]."),
     output_json: Path | None = typer.Option(None, help="Write the result here as JSON."),
 ) -> None:
-    """Perplexity on a shipped public-domain text and top-1 agreement with the unquantized model.
+    """Perplexity on a shipped public-domain text and top-1 agreement with the reference.
 
     Both are teacher-forced through prompt_logprobs; the reference is the same configuration with
-    --quantization none.
+    --quantization none and --kv-cache-dtype auto.
     """
     from engine.benchmarks.throughput import _clean_errors, _engine_logs
 
     with _clean_errors(), _engine_logs():
         result = measure_quality({**engine_knobs, "model": model}, window=window, num_tokens=num_tokens)
     typer.echo(
-        f"Quality ({result.model}, quantization={result.quantization}, dtype={result.dtype}; "
+        f"Quality ({result.model}, quantization={result.quantization}, kv_cache_dtype={result.kv_cache_dtype}, "
+        f"dtype={result.dtype}; "
         f"{result.num_scored_tokens} tokens of {TEXT_PATH.name}):\n"
-        f"  perplexity {result.perplexity:.4f} vs unquantized {result.reference_perplexity:.4f} "
+        f"  perplexity {result.perplexity:.4f} vs reference {result.reference_perplexity:.4f} "
         f"({100 * result.perplexity_increase:+.2f} %)\n"
-        f"  top-1 agreement with unquantized: {100 * result.top1_agreement:.2f} %"
+        f"  top-1 agreement with reference: {100 * result.top1_agreement:.2f} %"
     )
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Drafts from a smaller model that shares the target's vocabulary, run on its own paged KV cache.
 
-The draft model has its own ModelRunner, KV cache and KVCacheManager (its own block tables, no prefix caching).
+The draft model has its own ModelRunner, KV cache and KVCacheManager (its own block tables, no prefix caching);
+its KV cache has the target's kv_cache_dtype.
 Its weights load before EngineCore sizes the target's KV cache, and its cache gets as many blocks as the target's,
 each block's bytes paid from the target's memory budget (engine/model_runner.py, `determine_num_blocks`).
 Per request it remembers how many positions of its KV are valid: after a step the target accepted some drafts,
@@ -44,7 +45,7 @@ class DraftModelProposer:
         draft_config = EngineConfig(
             ModelConfig(model=spec.model, dtype=mc.dtype, device=mc.device, seed=mc.seed,
                         max_model_len=mc.max_model_len + self.k),
-            CacheConfig(block_size=cc.block_size, enable_prefix_caching=False),
+            CacheConfig(block_size=cc.block_size, enable_prefix_caching=False, kv_cache_dtype=cc.kv_cache_dtype),
             replace(config.scheduler_config, speculative_config=None),
         )  # fmt: skip
         self.runner = ModelRunner(draft_config)

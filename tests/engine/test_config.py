@@ -43,6 +43,7 @@ def test_defaults_follow_the_issue() -> None:
     mc, cc = ModelConfig(), CacheConfig()
     assert mc.model == "smollm2-135m" and cc.block_size == 16 and mc.quantization == "none"
     assert mc.dtype == "auto" and mc.device == "auto" and mc.max_model_len is None
+    assert cc.kv_cache_dtype == "auto" and engine_knobs()["kv_cache_dtype"].search is None  # not tuned by default
 
 
 @pytest.mark.parametrize(
@@ -66,6 +67,9 @@ def test_defaults_follow_the_issue() -> None:
         ({"max_num_sequences": 4}, "max_num_sequences"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"cpu_threads": 0}, "cpu_threads"),
+        ({"kv_cache_dtype": "float16"}, "kv_cache_dtype must be one of"),
+        ({"kv_cache_dtype": "fp8", "device": "cpu"}, "kv_cache_dtype='fp8' needs a CUDA GPU"),
+        ({"kv_cache_dtype": "fp8", "device": "cuda"}, "kv_cache_dtype='fp8' is not implemented"),
     ],
 )
 def test_bad_knobs_are_config_errors_naming_the_knob(knobs: dict[str, object], named: str, tmp_path: Path) -> None:
@@ -138,3 +142,8 @@ def test_knob_args_use_the_declared_flags() -> None:
     assert knob_args(knobs) == ["--max-num-seqs", "8", "--no-enable-prefix-caching", "--enable-chunked-prefill"]
     with pytest.raises(ConfigError, match="unknown engine knob.*max_num_sequences.*max_num_seqs"):
         knob_args({"max_num_sequences": 8})
+
+
+def test_fp8_kv_cache_is_refused_on_a_config_built_directly() -> None:
+    with pytest.raises(ConfigError, match="kv_cache_dtype='fp8' needs a CUDA GPU"):
+        EngineConfig(ModelConfig(device="cpu", max_model_len=64), CacheConfig(kv_cache_dtype="fp8"))

@@ -114,6 +114,13 @@ def test_simulate_writes_a_sweep_run_directory_marked_simulated(tmp_path: Path, 
 def test_simulate_refuses_knobs_the_profile_did_not_measure(tmp_path: Path, profile_path: Path) -> None:
     with pytest.raises(ValueError, match="measured with dtype=float32"):
         SimulateConfig(output_dir=tmp_path, profile=load_profile(profile_path), engine_knobs={"dtype": "bfloat16"})
+    data = json.loads(profile_path.read_text())
+    data["knobs"]["kv_cache_dtype"] = "auto"
+    profile_path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="measured with kv_cache_dtype=auto"):
+        SimulateConfig(
+            output_dir=tmp_path, profile=load_profile(profile_path), engine_knobs={"kv_cache_dtype": "bfloat16"}
+        )
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a `bench profile` file"):
         load_profile(tmp_path / "bad.json")

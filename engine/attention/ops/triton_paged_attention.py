@@ -26,13 +26,14 @@ BLOCK_M = 16  # query tokens per prefill program
 
 @triton.jit
 def _attend_tile(q, k, v, visible, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step: fold the KV tile k/v [TILE_N, D] into (max, sum, unnormalised acc) of q."""
+    """One online-softmax step: fold the KV tile k/v [TILE_N, D] into (max, sum, unnormalised acc) of q.
+    k/v may be in the cache's dtype (kv_cache_dtype); both dots run in q's."""
     scores = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * scale
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     p = tl.exp(scores - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 

@@ -28,9 +28,12 @@ def run_step(backend, cache, seqs, starts, ends):  # type: ignore[no-untyped-def
     return backend.forward(torch.cat(q), torch.cat(k), torch.cat(v), cache, metadata)
 
 
-def test_a_mixed_step_matches_the_torch_backend() -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_mixed_step_matches_the_torch_backend(cache_dtype: torch.dtype) -> None:
     """Prefills, chunks with context, a verification-shaped chunk and decodes (one split-K) in one batch,
-    decodes placed after prefills; the caches both backends wrote must be equal too."""
+    decodes placed after prefills; the caches both backends wrote must be equal too. A bfloat16 cache
+    (kv_cache_dtype) under float32 q: K/V are bfloat16-representable here, because a chunk's own tokens are
+    read back from the cache by the torch backend and taken fresh by the triton one."""
     torch.manual_seed(0)
     heads, kv_heads, dim, num_blocks, block_size = 6, 2, 16, 40, 16
     triton_backend = TritonAttentionBackend(heads, kv_heads, dim, 0.25, block_size)
@@ -44,14 +47,14 @@ def test_a_mixed_step_matches_the_torch_backend() -> None:
         seqs.append(
             {
                 "q": torch.randn(total, heads, dim),
-                "k": torch.randn(total, kv_heads, dim),
-                "v": torch.randn(total, kv_heads, dim),
+                "k": torch.randn(total, kv_heads, dim).to(cache_dtype).float(),
+                "v": torch.randn(total, kv_heads, dim).to(cache_dtype).float(),
                 "blocks": [free.pop() for _ in range(-(-total // block_size))],
             }
         )
     outputs, caches = [], []
     for backend in (triton_backend, torch_backend):
-        cache = torch.zeros(backend.kv_cache_shape(num_blocks))
+        cache = torch.zeros(backend.kv_cache_shape(num_blocks), dtype=cache_dtype)
         warm = [i for i, (context, _) in enumerate(shapes) if context]
         run_step(backend, cache, [seqs[i] for i in warm], [0] * len(warm), [shapes[i][0] for i in warm])
         outputs.append(run_step(backend, cache, seqs, [c for c, _ in shapes], [c + n for c, n in shapes]))

@@ -52,6 +52,19 @@ def test_engine_perplexity_equals_hf_on_the_text(tmp_path: Path) -> None:
     assert 0.0 <= report["top1_agreement"] <= 1.0 and "perplexity" in result.output
 
 
+def test_kv_cache_dtype_reaches_the_run_and_the_reference_keeps_the_model_dtype(tmp_path: Path) -> None:
+    """Chunks of 32 tokens, so later chunks read the window's K/V back from the bfloat16 cache."""
+    out = tmp_path / "quality.json"
+    args = ["quality", "--model", "tiny-random", "--dtype", "float32", "--window", "96", "--num-tokens", "100"]
+    args += ["--kv-cache-dtype", "bfloat16", "--max-num-batched-tokens", "32", "--output-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["kv_cache_dtype"] == "bfloat16" and "kv_cache_dtype=bfloat16" in result.output
+    assert report["perplexity"] != report["reference_perplexity"]  # the reference ran with a float32 cache
+    assert abs(report["perplexity_increase"]) < 1e-3 and report["top1_agreement"] > 0.9
+
+
 def test_bad_window_is_a_clear_error() -> None:
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-random", "--window", "1"])
     assert result.exit_code == 1 and "window must be >= 2" in result.output

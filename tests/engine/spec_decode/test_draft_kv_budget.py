@@ -4,6 +4,7 @@ draft's caches together stay within it, and greedy output is unchanged."""
 from __future__ import annotations
 
 import pytest
+import torch
 from spec_decode_models import SMALL_VOCAB_CONFIG, SmallVocabModels
 
 from engine import LLM, SamplingParams
@@ -68,3 +69,15 @@ def test_a_budget_the_draft_leaves_too_small_is_a_clear_error(
     draft = {"method": "draft_model", "model": small_vocab_models.draft, "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="draft KV"):  # half as many blocks with a same-size draft: 5 < 8
         LLM(small_vocab_models.target, speculative_config=draft, **KNOBS)
+
+
+def test_the_draft_kv_cache_follows_kv_cache_dtype(small_vocab_models: SmallVocabModels) -> None:
+    draft = {"method": "draft_model", "model": small_vocab_models.target, "num_speculative_tokens": 2}
+    llm = LLM(small_vocab_models.target, speculative_config=draft, kv_cache_dtype="bfloat16", **KNOBS)
+    core = llm.llm_engine.engine_core
+    assert core.spec_decoder is not None and core.spec_decoder.draft_model is not None
+    target, draft_runner = core.model_executor, core.spec_decoder.draft_model.runner
+    assert isinstance(target, ModelRunner)
+    assert target.kv_cache_dtype == draft_runner.kv_cache_dtype == torch.bfloat16
+    assert all(cache.dtype == torch.bfloat16 for cache in target.kv_caches + draft_runner.kv_caches)
+    assert len(generate(llm)[0]) == PARAMS.max_tokens
