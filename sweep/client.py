@@ -232,6 +232,8 @@ def timeout_reason(config: ClientConfig, error: asyncio.TimeoutError) -> str:
 def count_tokens(records: list[RequestRecord], tokenizer: Any | None, prompts: dict[int, PromptRequest]) -> None:
     """Fill the client's re-tokenised counts and resolve `prompt_tokens`/`output_tokens` as vLLM does:
     usage when the server returned it, else the client's count (else one token per chunk)."""
+    from workloads.synthesis import chat_prompt_len
+
     for record in records:
         prompt = prompts.get(record.index)
         if tokenizer is not None:
@@ -240,8 +242,7 @@ def count_tokens(records: list[RequestRecord], tokenizer: Any | None, prompts: d
                 if prompt.prompt is not None:
                     record.client_prompt_tokens = len(tokenizer.encode(prompt.prompt, add_special_tokens=False))
                 else:
-                    ids = tokenizer.apply_chat_template(prompt.messages, tokenize=True, add_generation_prompt=True)
-                    record.client_prompt_tokens = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                    record.client_prompt_tokens = chat_prompt_len(tokenizer, prompt.messages)
         if record.usage_output_tokens:
             record.output_tokens = record.usage_output_tokens
         elif record.client_output_tokens is not None:  # vLLM: an empty re-tokenisation is 0 tokens, not 1

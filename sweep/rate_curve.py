@@ -26,11 +26,10 @@ def parse_rate_curve(text: str) -> list[float]:
 
     name = text.strip()
     if name in workloads.mixes.shipped_names():
-        arrivals = workloads.metadata(name).get("arrivals") or {}
-        if "aggregate_rate_rps" not in arrivals:
+        if not _has_curve(name):
             with_curves = [n for n in workloads.mixes.shipped_names() if _has_curve(n)]
             raise ValueError(f"{FLAG}: shipped mix {name!r} has no rate curve; these do: {with_curves}")
-        return [float(r) for r in arrivals["aggregate_rate_rps"]]
+        return [float(r) for r in workloads.metadata(name)["arrivals"]["aggregate_rate_rps"]]
     try:
         curve = [float(part) for part in name.split(",") if part.strip()]
     except ValueError:

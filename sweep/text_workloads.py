@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.client import PromptRequest
 from workloads.spec import RequestSpec
+from workloads.synthesis import chat_prompt_len
 
 if TYPE_CHECKING:
     from sweep.runner import WorkloadConfig
@@ -31,8 +32,7 @@ def text_prompts(
         if workload.endpoint == "chat":
             messages: list[dict] | None = [{"role": "user", "content": text}]
             prompt = None
-            rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            input_len = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            input_len = chat_prompt_len(tokenizer, messages)
         else:
             messages, prompt = None, text
             input_len = len(tokenizer(text, add_special_tokens=True)["input_ids"])

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads.spec import WorkloadFormatError
+from workloads.synthesis import chat_prompt_len
 
 ROLES = {
     "human": "user",
@@ -157,8 +158,7 @@ def conversation_turns(
         if reply["role"] != "assistant":
             continue
         history = messages[:end]
-        ids = tokenizer.apply_chat_template(history, tokenize=True, add_generation_prompt=True)
-        input_len = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        input_len = chat_prompt_len(tokenizer, history)
         output_len = max(1, len(tokenizer.encode(reply["content"], add_special_tokens=False)))
         if max_model_len is not None and input_len + output_len > max_model_len:
             break

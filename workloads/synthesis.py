@@ -100,6 +100,12 @@ def _shared_words(spec: RequestSpec, words: _Words, block_size: int) -> np.ndarr
 CHUNK = 256
 
 
+def chat_prompt_len(tokenizer: Any, messages: list[dict]) -> int:
+    """Tokens of `messages` rendered by the tokenizer's chat template, generation prompt included."""
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 class _Measure:
     """Token counts of candidate prompts, batched."""
 
