@@ -27,11 +27,12 @@ def _ab(out: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_workflow_gate_passes_identical_code_and_fails_a_40_percent_slowdown(tmp_path: Path) -> None:
     # These flags' measured A/A false-alarm rate is about 5 % (docs/GATE.md), so one failed A/A gets a second try;
     # two in a row (about 0.25 %) fail the test.
-    same = _ab(tmp_path / "aa")
+    aa_dir = tmp_path / "aa"
+    same = _ab(aa_dir)
     if same.returncode == 1:
-        same = _ab(tmp_path / "aa-again")
+        aa_dir = tmp_path / "aa-again"
+        same = _ab(aa_dir)
     assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
-    aa_dir = tmp_path / ("aa-again" if (tmp_path / "aa-again").exists() else "aa")
     delay_ms = 0.4 * typical_median_tpot_ms([aa_dir / "baseline"])
     slower = _ab(tmp_path / "slow", "--candidate-args", f"--inject-step-delay-ms {delay_ms:.3f}")
     assert slower.returncode == 1, slower.stdout[-3000:] + slower.stderr[-3000:]
