@@ -90,8 +90,9 @@ def make_constraint(
 
     A generated JSON schema has bounded values (workloads.structured.bounded_values) and, with `output_len`, fits
     it: its longest compact output plus the EOS token is at most `output_len` tokens at one token per character
-    (workloads.structured.max_output_chars), so no valid output is cut short by max_tokens. A request too short
-    for any schema is a ValueError."""  # fmt: skip
+    (workloads.structured.max_output_chars), so max_tokens cannot cut short an output whose strings are plain
+    ASCII (escapes and multi-byte characters can take more tokens). A request too short for any schema is a
+    ValueError."""  # fmt: skip
     if structured_output is None and schema is None:
         return None
     kind = structured_output or "json"
