@@ -13,7 +13,10 @@ import json
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.structured_output.config import StructuredOutputsConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -326,10 +329,21 @@ class SchedulerConfig:
         search=SearchRange(cpu=(None, *(_ngram_json(k) for k in (2, 4, 6)))),
     )
 
+    structured_outputs_config: str | None = knob(
+        None,
+        help='Structured-outputs defaults for every request, as vLLM\'s JSON, e.g. {"disable_any_whitespace": true} '
+        "(compact JSON outputs); fields: backend (auto | xgrammar), disable_any_whitespace, disable_fallback, "
+        "disable_additional_properties (docs/SERVER.md).",
+    )
+
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...}) passes the dict itself
             self.speculative_config = json.dumps(self.speculative_config)
         SpeculativeConfig.from_json(self.speculative_config)  # a bad config fails here, naming its field
+        from engine.structured_output.config import StructuredOutputsConfig
+
+        self.structured_outputs_config = StructuredOutputsConfig.to_json(self.structured_outputs_config)
+        StructuredOutputsConfig.from_json(self.structured_outputs_config)  # likewise
         _check(self.max_num_seqs > 0, f"max_num_seqs must be positive, got {self.max_num_seqs}")
         _check(
             self.max_num_batched_tokens > 0,
@@ -449,10 +463,14 @@ class EngineConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: SpeculativeConfig | None = field(init=False, default=None)  # parsed from the knob
+    structured_outputs_config: StructuredOutputsConfig = field(init=False)  # parsed from the knob
 
     def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
         self.speculative_config = SpeculativeConfig.from_json(sc.speculative_config)
+        from engine.structured_output.config import StructuredOutputsConfig
+
+        self.structured_outputs_config = StructuredOutputsConfig.from_json(sc.structured_outputs_config)
         _check_kv_cache_dtype(mc, self.cache_config)
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)

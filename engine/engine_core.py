@@ -50,7 +50,9 @@ class EngineCore:
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
         self._step_delay_s = config.scheduler_config.inject_step_delay_ms / 1000.0
         self.structured_output_manager = StructuredOutputManager(
-            lambda: load_xgrammar_backend(config, self.vocab_size, self.eos_token_ids), self.vocab_size
+            lambda: load_xgrammar_backend(config, self.vocab_size, self.eos_token_ids),
+            self.vocab_size,
+            config=config.structured_outputs_config,
         )
         self.scheduler.structured_output_manager = self.structured_output_manager
 

@@ -152,7 +152,8 @@ def build_prompts(
     prompts = [
         PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len,
                       constraint=make_constraint(i, s.schema, workload.structured_output,
-                                                 workload.structured_output_shape, workload.seed + seed_offset))
+                                                 workload.structured_output_shape, workload.seed + seed_offset,
+                                                 output_len=s.output_len))
         for i, s in enumerate(synthesized)
     ]  # fmt: skip
     return specs, prompts, fit_report

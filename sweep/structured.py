@@ -2,7 +2,7 @@
 of three request shapes), and whether the output parsed and validated.
 
 Constraints: the `structured` workload's JSON schemas, or with `--structured-output json|regex|choice` one per
-request of any workload (small generated schemas with bounded strings, a rotating set of regexes or choice
+request of any workload (small generated schemas with bounded values, a rotating set of regexes or choice
 lists). Shapes: `response_format` (OpenAI; JSON schemas only), `structured_outputs` (vLLM), `guided` (vLLM's
 older guided_* fields).
 
@@ -45,7 +45,7 @@ CHOICES = (
     ["low", "medium", "high", "critical"],
 )
 SMALL_SCHEMA_FIELDS = (1, 2, 4)  # --structured-output json: schemas a short output can complete
-MAX_STRING_LENGTH = 24  # ... with bounded free-text strings
+SCHEMA_DRAWS = 64  # schemas drawn per request until one fits its output length
 
 
 class SchemaNotSupported(ValueError):
@@ -82,20 +82,22 @@ class Constraint:
 
 
 def make_constraint(
-    index: int, schema: dict | None, structured_output: str | None, shape: str | None, seed: int
+    index: int, schema: dict | None, structured_output: str | None, shape: str | None, seed: int,
+    output_len: int | None = None,
 ) -> Constraint | None:
     """Request `index`'s constraint: its workload schema, else (with `structured_output`) a generated one. `shape`
-    None: response_format for JSON schemas, structured_outputs for regexes and choices."""
+    None: response_format for JSON schemas, structured_outputs for regexes and choices.
+
+    A generated JSON schema has bounded values (workloads.structured.bounded_values) and, with `output_len`, fits
+    it: its longest compact output plus the EOS token is at most `output_len` tokens at one token per character
+    (workloads.structured.max_output_chars), so max_tokens cannot cut short an output whose strings are plain
+    ASCII (escapes and multi-byte characters can take more tokens). A request too short for any schema is a
+    ValueError."""  # fmt: skip
     if structured_output is None and schema is None:
         return None
     kind = structured_output or "json"
     if kind == "json":
-        spec: Any = schema
-        if spec is None:
-            from workloads.structured import json_schema
-
-            rng = np.random.default_rng([seed, index])
-            spec = bounded_strings(json_schema(int(rng.choice(SMALL_SCHEMA_FIELDS)), rng))
+        spec: Any = schema if schema is not None else _fitting_schema(index, seed, output_len)
     elif kind == "regex":
         spec = REGEXES[index % len(REGEXES)]
     elif kind == "choice":
@@ -105,16 +107,22 @@ def make_constraint(
     return Constraint(kind, spec, shape or ("response_format" if kind == "json" else "structured_outputs"))
 
 
-def bounded_strings(schema: dict, max_length: int = MAX_STRING_LENGTH) -> dict:
-    """`schema` with a maxLength on every free-text string, so an output cannot spend its tokens on one string."""
-    schema = dict(schema)
-    if schema.get("type") == "string" and "enum" not in schema:
-        schema.setdefault("maxLength", max_length)
-    if "properties" in schema:
-        schema["properties"] = {k: bounded_strings(v, max_length) for k, v in schema["properties"].items()}
-    if isinstance(schema.get("items"), dict):
-        schema["items"] = bounded_strings(schema["items"], max_length)
-    return schema
+def _fitting_schema(index: int, seed: int, output_len: int | None) -> dict:
+    from workloads.structured import bounded_values, json_schema, max_output_chars
+
+    rng = np.random.default_rng([seed, index])
+    smallest: tuple[int, dict] | None = None
+    for _ in range(SCHEMA_DRAWS):
+        spec = bounded_values(json_schema(int(rng.choice(SMALL_SCHEMA_FIELDS)), rng))
+        needed = max_output_chars(spec) + 1  # + the EOS token
+        if output_len is None or needed <= output_len:
+            return spec
+        smallest = min(smallest or (needed, spec), (needed, spec), key=lambda pair: pair[0])
+    assert smallest is not None
+    raise ValueError(
+        f"--structured-output json: request {index}'s output length ({output_len} tokens) is too short for the "
+        f"generated schemas (the smallest of {SCHEMA_DRAWS} drawn needs {smallest[0]}); raise --output-len"
+    )
 
 
 def check_outputs(records: list[RequestRecord], prompts: dict[int, Any]) -> None:

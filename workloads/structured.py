@@ -1,14 +1,20 @@
-"""Structured-output workload: chat requests carrying JSON schemas of varying size (for response_format)."""
+"""Structured-output workload: chat requests carrying JSON schemas of varying size (for response_format); and the
+bounds that make a schema's outputs finite (`bounded_values`, `max_output_chars`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import numpy as np
 
 from workloads.spec import RequestSpec
 
+MAX_STRING_LENGTH = 24  # bounded_values: free-text strings
+NUMBER_RANGE = (0, 9999)  # ... integers and numbers
+MAX_ITEMS = 4  # ... arrays
+NUMBER_FRACTION_DIGITS = 6  # xgrammar's digits after the point for a number with a range
 _SCALARS = ({"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"})
 _NAMES = (
     "id",
@@ -70,3 +76,51 @@ def with_schemas(
         dataclasses.replace(spec, schema=json_schema(int(field_counts[int(rng.integers(len(field_counts)))]), rng))
         for spec in specs
     ]
+
+
+def bounded_values(schema: dict) -> dict:
+    """`schema` with every free value bounded, so that no valid output is endless: free-text strings get a
+    maxLength, integers and numbers a range (xgrammar then allows a bounded number of digits, six after the point),
+    arrays at most MAX_ITEMS items. Unbounded, a small model can spend all its tokens on one value, digits after
+    digits of a number or one long string, until max_tokens cuts the output short of valid JSON."""
+    schema = dict(schema)
+    kind = schema.get("type")
+    if kind == "string" and "enum" not in schema:
+        schema.setdefault("maxLength", MAX_STRING_LENGTH)
+    bounds = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+    if kind in ("integer", "number") and not bounds & set(schema):
+        schema["minimum"], schema["maximum"] = NUMBER_RANGE
+    if kind == "array":
+        schema["maxItems"] = min(schema.get("maxItems", MAX_ITEMS), MAX_ITEMS)
+    if "properties" in schema:
+        schema["properties"] = {k: bounded_values(v) for k, v in schema["properties"].items()}
+    if isinstance(schema.get("items"), dict):
+        schema["items"] = bounded_values(schema["items"])
+    return schema
+
+
+def max_output_chars(schema: dict) -> int:
+    """The longest compact output (xgrammar's separators with disable_any_whitespace: `, ` and `: `) of a schema
+    from `bounded_values(json_schema(...))`, strings counted at one character per character of maxLength (no escape
+    sequences, no multi-byte characters). At one token per character this bounds the output's tokens."""
+    if "enum" in schema:
+        return max(len(json.dumps(option)) for option in schema["enum"])
+    kind = schema.get("type")
+    needed = {"array": ("maxItems",), "string": ("maxLength",), "integer": ("minimum", "maximum")}
+    if any(key not in schema for key in needed.get("integer" if kind == "number" else str(kind), ())):
+        raise ValueError(f"max_output_chars: unbounded schema {schema!r:.80} (see bounded_values)")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        fields = [len(json.dumps(name)) + 2 + max_output_chars(child) for name, child in properties.items()]
+        return 2 + sum(fields) + 2 * max(len(fields) - 1, 0)
+    if kind == "array":
+        items = schema["maxItems"]
+        return 2 + items * max_output_chars(schema["items"]) + 2 * max(items - 1, 0)
+    if kind == "string":
+        return 2 + schema["maxLength"]
+    if kind in ("integer", "number"):
+        digits = max(len(str(int(schema["minimum"]))), len(str(int(schema["maximum"]))))
+        return digits + (1 + NUMBER_FRACTION_DIGITS if kind == "number" else 0)
+    if kind == "boolean":
+        return len("false")
+    raise ValueError(f"max_output_chars: unsupported schema {schema!r:.80}")

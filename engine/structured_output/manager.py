@@ -1,9 +1,11 @@
 """The engine's side of structured outputs, as vLLM v1's StructuredOutputManager.
 
 * Compiling: a request with `sampling_params.structured_outputs` starts (or joins) the compile of its grammar on a
-  background thread; compiled grammars are cached by (kind, spec), so a repeated schema costs nothing. Until its
-  grammar is ready the request waits in status WAITING_FOR_FSM and the scheduler passes over it; other requests run.
-  The tokenizer and xgrammar's vocabulary tables are loaded on that thread too, on the first structured request.
+  background thread, with the engine's `structured_outputs_config` defaults filled in where the request left a
+  field unset (structured_output/config.py); compiled grammars are cached by (kind, spec), so a repeated schema
+  costs nothing. Until its grammar is ready the request waits in status WAITING_FOR_FSM and the scheduler passes
+  over it; other requests run. The tokenizer and xgrammar's vocabulary tables are loaded on that thread too, on
+  the first structured request.
 * Masking: each step, `fill_bitmask` fills one bitmask row per logits row of every constrained request (the row
   after draft j sees the grammar advanced through drafts 0..j-1, then rolled back); unconstrained rows are not
   touched (the sampler applies the mask to the constrained rows only).
@@ -34,6 +36,7 @@ from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import ScheduledRequest
 from engine.structured_output.backend_xgrammar import XgrammarBackend, compiler_message
+from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -54,9 +57,15 @@ class GrammarState:
 
 class StructuredOutputManager:
     def __init__(
-        self, load_backend: Callable[[], XgrammarBackend], vocab_size: int, max_cache_entries: int = 512
+        self,
+        load_backend: Callable[[], XgrammarBackend],
+        vocab_size: int,
+        max_cache_entries: int = 512,
+        config: StructuredOutputsConfig | None = None,
     ) -> None:
-        """`load_backend` builds the xgrammar backend (tokenizer included); it runs once, on the compile thread."""
+        """`load_backend` builds the xgrammar backend (tokenizer included); it runs once, on the compile thread.
+        `config` (the engine's `structured_outputs_config`) fills in what a request's params leave unset."""
+        self.config = config or StructuredOutputsConfig()
         self._load_backend = load_backend
         self._backend: XgrammarBackend | None = None
         self.vocab_size = vocab_size
@@ -74,7 +83,7 @@ class StructuredOutputManager:
         params = request.sampling_params.structured_outputs
         if params is None:
             return
-        future = self._compile(params)
+        future = self._compile(self.config.apply(params))
         self._states[request.request_id] = GrammarState(future, time.monotonic())
         if not self.grammar_ready(request):
             request.status = RequestStatus.WAITING_FOR_FSM

@@ -24,7 +24,8 @@ class StructuredOutputsParams:
 
     `disable_any_whitespace` (vLLM's name) makes JSON outputs compact: no whitespace between tokens beyond one
     space after `:` and `,` (xgrammar's default separators), which keeps small models from filling max_tokens
-    with newlines.
+    with newlines. None (unset) takes the engine's `structured_outputs_config` default (off unless configured);
+    True or False overrides it for this request.
     """
 
     json: str | dict[str, Any] | None = None
@@ -32,7 +33,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    disable_any_whitespace: bool = False
+    disable_any_whitespace: bool | None = None
 
     def __post_init__(self) -> None:
         chosen = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
@@ -58,6 +59,8 @@ class StructuredOutputsParams:
                 raise StructuredOutputsError("structured_outputs.choice must be a non-empty list of non-empty strings")
         if self.json_object not in (None, True, False):
             raise StructuredOutputsError("structured_outputs.json_object must be a boolean")
+        if self.disable_any_whitespace is not None and not isinstance(self.disable_any_whitespace, bool):
+            raise StructuredOutputsError("structured_outputs.disable_any_whitespace must be a boolean")
 
     @property
     def kind(self) -> str:

@@ -25,6 +25,7 @@ KNOB_VALUES: dict[str, Any] = {
     "enable_chunked_prefill": False, "inject_step_delay_ms": 1.5, "tensor_parallel_size": 2, "cpu_threads": 1,
     "attention_backend": "torch",
     "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}',
+    "structured_outputs_config": '{"disable_any_whitespace": true}',
 }  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from sweep.structured import (
     output_is_valid,
     validate_json,
 )
-from workloads.structured import json_schema
+from workloads.structured import json_schema, max_output_chars, schema_size
 
 BOUNDED = {
     "type": "object",
@@ -119,6 +119,20 @@ def test_constraints_and_their_request_shapes() -> None:
         make_constraint(0, None, "json", "body", 0)
     with pytest.raises(SchemaNotSupported, match="oneOf"):
         make_constraint(0, {"type": "object", "properties": {"a": {"oneOf": []}}}, None, None, 0)
+
+
+@pytest.mark.parametrize("output_len", [16, 32, 128, 512])
+def test_generated_schemas_are_bounded_and_fit_the_output_length(output_len: int) -> None:
+    for index in range(60):
+        spec = make_constraint(index, None, "json", None, 0, output_len=output_len).spec
+        assert max_output_chars(spec) + 1 <= output_len  # the longest compact output and EOS, a token per character
+    larger = {schema_size(make_constraint(i, None, "json", None, 0, output_len=512).spec) for i in range(60)}
+    assert max(larger) > 4  # a longer output length allows larger schemas
+
+
+def test_a_request_too_short_for_any_schema_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"request 2's output length \(8 tokens\) is too short .* raise --output-len"):
+        make_constraint(2, None, "json", None, 0, output_len=8)
 
 
 def test_a_constrained_payload_carries_its_fields_and_lets_the_grammar_end_it() -> None:

@@ -1,9 +1,10 @@
 import json
 
 import numpy as np
+import pytest
 
 import workloads
-from workloads.structured import json_schema, schema_size
+from workloads.structured import NUMBER_FRACTION_DIGITS, bounded_values, json_schema, max_output_chars, schema_size
 
 
 def walk(schema):
@@ -31,3 +32,46 @@ def test_structured_workload_varies_schema_size():
     sizes = {len(s.schema["properties"]) for s in specs}
     assert sizes == {1, 4, 16, 64}
     assert len({json.dumps(s.schema) for s in specs}) > 150
+
+
+def longest_instance(schema):
+    """The longest valid value of a bounded schema, as max_output_chars counts it."""
+    if "enum" in schema:
+        return max(schema["enum"], key=lambda option: len(json.dumps(option)))
+    kind = schema["type"]
+    if kind == "object":
+        return {name: longest_instance(child) for name, child in schema["properties"].items()}
+    if kind == "array":
+        return [longest_instance(schema["items"])] * schema["maxItems"]
+    if kind == "string":
+        return "x" * schema["maxLength"]
+    if kind == "integer":
+        return schema["maximum"]
+    if kind == "number":
+        return float(f"{schema['maximum'] - 1}.{'9' * NUMBER_FRACTION_DIGITS}")
+    return False
+
+
+def test_bounded_schemas_have_a_longest_output_xgrammar_accepts():
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    rng = np.random.default_rng(1)
+    for fields in (1, 2, 4, 16):
+        schema = bounded_values(json_schema(fields, rng))
+        longest = json.dumps(longest_instance(schema), separators=(", ", ": "))
+        assert len(longest) == max_output_chars(schema)
+        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        assert _is_grammar_accept_string(grammar, longest)
+        assert not _is_grammar_accept_string(grammar, longest.replace(": ", ":  ", 1))  # no free whitespace
+    with pytest.raises(ValueError, match="unbounded"):
+        max_output_chars({"type": "string"})
+
+
+def test_bounded_values_keeps_the_schemas_own_bounds():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}, "s": {"type": "string"},
+              "a": {"type": "array", "items": {"type": "number"}, "maxItems": 2}}, "required": ["n", "s", "a"]}
+    bounded = bounded_values(schema)["properties"]
+    assert bounded["n"] == {"type": "integer", "minimum": 3}  # a bound of its own: left as it is
+    assert bounded["s"]["maxLength"] == 24 and bounded["a"]["maxItems"] == 2
+    assert (bounded["a"]["items"]["minimum"], bounded["a"]["items"]["maximum"]) == (0, 9999)

@@ -66,3 +66,10 @@ def test_positional_model_like_vllm_serve(captured: dict[str, Any]) -> None:
 def test_bad_knob_is_a_clear_error_without_loading_anything() -> None:
     result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--block-size", "24", "--port", "0"])
     assert result.exit_code == 1 and "block_size must be a positive power of two" in result.output
+
+
+def test_bad_structured_outputs_config_is_a_clear_error_naming_the_field() -> None:
+    config = '{"backend": "guidance"}'
+    result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--structured-outputs-config", config])
+    assert result.exit_code == 1
+    assert "structured_outputs_config.backend 'guidance' is not available" in result.output
