@@ -34,12 +34,13 @@ def hash_block_tokens(
 
 
 def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, known: list[BlockHash] | None = None
+    token_ids: Sequence[int], block_size: int, known: list[BlockHash] | None = None, parent: BlockHash | None = None
 ) -> list[BlockHash]:
-    """Hashes of every full block of `token_ids`, extending the already computed chain `known`."""
+    """Hashes of every full block of `token_ids`, extending the already computed chain `known`; or, with
+    `parent`, of `token_ids` as the blocks that follow the block hashed `parent` (only the new hashes)."""
     hashes = list(known) if known else []
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else parent
         hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size]))
     return hashes
 
