@@ -118,7 +118,7 @@ class Scheduler:
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
-            num_known = request.num_tokens
+            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)  # request.num_tokens, inlined
             num_new_tokens = num_known - request.num_computed_tokens
             if num_new_tokens > budget:
                 num_new_tokens = budget
@@ -140,8 +140,8 @@ class Scheduler:
                     request,
                     num_scheduled,
                     list(block_ids_of[request.request_id]),
-                    sample=request.num_computed_tokens + num_new_tokens >= num_known,
-                    spec_token_ids=drafts,
+                    request.num_computed_tokens + num_new_tokens >= num_known,  # sample
+                    drafts,
                 )
             )
             total_num_scheduled_tokens += num_scheduled
@@ -215,17 +215,19 @@ class Scheduler:
                     f"request {scheduled.request.request_id}: {len(tokens)} tokens for a step with "
                     f"{len(scheduled.spec_token_ids)} drafts"
                 )
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            if request.status not in FINISHED_STATUSES:  # the known tokens; accepted drafts are counted below
-                request.num_computed_tokens += scheduled.num_scheduled_tokens - len(scheduled.spec_token_ids)
-
         now = time.monotonic()
         outputs = []
-        num_stopped = 0
-        for row, (scheduled, tokens) in enumerate(zip(sampling, sampled_token_ids, strict=True)):
+        num_stopped = row = 0
+        for scheduled in scheduler_output.scheduled:  # one pass: each request's update touches only itself
             request = scheduled.request
-            if request.status in FINISHED_STATUSES:
+            finished = request.status in FINISHED_STATUSES  # aborted since schedule()
+            if not finished:  # the known tokens; accepted drafts are counted below
+                request.num_computed_tokens += scheduled.num_scheduled_tokens - len(scheduled.spec_token_ids)
+            if not scheduled.sample:
+                continue
+            tokens = sampled_token_ids[row]
+            row += 1
+            if finished:
                 continue
             if len(tokens) == 1:
                 new_token_ids = [tokens[0]]
@@ -246,12 +248,12 @@ class Scheduler:
                 timing.first_token_time = now
                 self.num_prompt_tokens += request.num_prompt_tokens
             self.num_generation_tokens += len(new_token_ids)
-            row_logprobs = logprobs[row] if logprobs is not None else None
+            row_logprobs = logprobs[row - 1] if logprobs is not None else None
             output = EngineCoreOutput(
                 request.request_id,
                 new_token_ids,
                 row_logprobs[: len(new_token_ids)] if row_logprobs is not None else None,
-                num_prompt_tokens=request.num_prompt_tokens,
+                num_prompt_tokens=len(request.prompt_token_ids),
             )
             if request.status in FINISHED_STATUSES:
                 num_stopped += 1
