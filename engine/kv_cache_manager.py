@@ -55,9 +55,8 @@ class KVCacheManager:
         A request asking for prompt logprobs gets no hits: every prompt position's logits must be computed."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        token_ids = request.all_token_ids
-        hashes = self._block_hashes(request, token_ids)
-        max_hit_blocks = (len(token_ids) - 1) // self.block_size
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._block_hashes(request, request.num_tokens // self.block_size)
         hits: list[KVCacheBlock] = []
         for block_hash in hashes[:max_hit_blocks]:
             block = self.block_pool.get_cached_block(block_hash)
@@ -106,6 +105,20 @@ class KVCacheManager:
             self.num_cached_blocks[request.request_id] = max(num_cached, len(hits))
         return new_blocks
 
+    def has_slots(self, request: Request, num_new_tokens: int) -> bool:
+        """The common decode step in O(1): True when the request's block table already has slots for
+        `num_new_tokens` more known tokens, after registering the blocks they fill (what allocate_slots with no
+        hits and no lookahead, then cache_blocks, would do). False changes nothing: call allocate_slots."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        num_tokens_after = request.num_computed_tokens + num_new_tokens
+        if blocks is None or num_tokens_after > len(blocks) * self.block_size:
+            return False
+        if self.enable_caching and num_tokens_after // self.block_size > self.num_cached_blocks.get(
+            request.request_id, 0
+        ):
+            self.cache_blocks(request, num_tokens_after)
+        return True
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full once its first `num_tokens` known tokens have KV."""
         if not self.enable_caching:
@@ -115,7 +128,7 @@ class KVCacheManager:
         start = self.num_cached_blocks.get(request_id, 0)
         if num_full <= start:
             return
-        hashes = self._block_hashes(request, request.all_token_ids[: num_full * self.block_size])
+        hashes = self._block_hashes(request, num_full)
         blocks = self.req_to_blocks[request_id]
         for index in range(start, num_full):
             self.block_pool.cache_full_block(blocks[index], hashes[index])
@@ -133,10 +146,16 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    def _block_hashes(self, request: Request, token_ids: list[int]) -> list[BlockHash]:
-        known = self.req_to_block_hashes.get(request.request_id)
-        if known is not None and len(known) >= len(token_ids) // self.block_size:
-            return known
-        hashes = hash_full_blocks(token_ids, self.block_size, known)
-        self.req_to_block_hashes[request.request_id] = hashes
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The hash chain of the request's first `num_blocks` full blocks (at least), extended in place: only the
+        new blocks' tokens are sliced and hashed."""
+        hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        if len(hashes) < num_blocks:
+            start, end = len(hashes) * self.block_size, num_blocks * self.block_size
+            prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
+            if end <= num_prompt:
+                token_ids = prompt[start:end]
+            else:
+                token_ids = prompt[start:] + request.output_token_ids[max(start - num_prompt, 0) : end - num_prompt]
+            hashes += hash_full_blocks(token_ids, self.block_size, parent=hashes[-1] if hashes else None)
         return hashes

@@ -14,7 +14,7 @@ class Logprob:
     rank: int  # 1 = most likely
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step
 class EngineCoreOutput:
     """One request's progress in one engine step: token ids only, no text."""
 

@@ -21,11 +21,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in (
-            RequestStatus.FINISHED_STOPPED,
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_ABORTED,
-        )
+        return self in FINISHED_STATUSES
 
     @property
     def finish_reason(self) -> str | None:
@@ -34,6 +30,11 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_LENGTH: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
         }.get(self)
+
+
+# A tuple, not a set: membership is an identity check per member, where a set would hash through Enum.__hash__
+# (Python code); the scheduler tests it for every request every step.
+FINISHED_STATUSES = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RequestTiming:
     num_grammar_bitmask_steps: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # identity: list.remove/index on the scheduler's queues must not compare every field
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -91,4 +92,4 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status in FINISHED_STATUSES

@@ -20,7 +20,7 @@ from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.outputs import EngineCoreOutput, Logprob, SchedulerStats
-from engine.request import Request, RequestStatus
+from engine.request import FINISHED_STATUSES, Request, RequestStatus
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -103,28 +103,49 @@ class Scheduler:
     # ---------------------------------------------------------------- one step
 
     def schedule(self) -> SchedulerOutput:
+        """Plan one step. Per running request this is O(1) unless it needs new blocks: a decode whose slots are
+        reserved costs a slot check, a block-table copy and its ScheduledRequest (the hot path at hundreds of
+        running sequences, so it touches the KV manager's tables directly rather than through several calls)."""
         budget = self.scheduler_config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int, list[int]]] = []  # (request, known tokens, drafts)
+        manager = self.kv_cache_manager
+        block_ids_of = manager.req_to_block_ids
+        scheduled: list[ScheduledRequest] = []
+        total_num_scheduled_tokens = 0
         preempted: list[Request] = []
 
         # Running requests first: decodes (1 token, + drafts) and continuing prefill chunks.
+        running = self.running
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_known = len(request.prompt_token_ids) + len(request.output_token_ids)  # request.num_tokens, inlined
+            num_new_tokens = num_known - request.num_computed_tokens
+            if num_new_tokens > budget:
+                num_new_tokens = budget
             assert num_new_tokens > 0, f"running request {request.request_id} has nothing to compute"
             drafts = self._drafts_within_limits(request, num_new_tokens, budget) if request.spec_token_ids else []
-            while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
-                # Victims come from the tail, past `index`, so none of them was scheduled yet this step.
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
+            if drafts or not manager.has_slots(request, num_new_tokens):
+                while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
+                    # Victims come from the tail, past `index`, so none of them was scheduled yet this step.
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is request:
+                        break
+                if request.status != RequestStatus.RUNNING:
                     break
-            if request.status != RequestStatus.RUNNING:
-                break
-            scheduled.append((request, num_new_tokens, drafts))
-            budget -= num_new_tokens + len(drafts)
+            num_scheduled = num_new_tokens + len(drafts)
+            scheduled.append(
+                ScheduledRequest(
+                    request,
+                    num_scheduled,
+                    list(block_ids_of[request.request_id]),
+                    request.num_computed_tokens + num_new_tokens >= num_known,  # sample
+                    drafts,
+                )
+            )
+            total_num_scheduled_tokens += num_scheduled
+            budget -= num_scheduled
             index += 1
 
         # Then waiting requests, first come first served; none after a preemption (the pool is tight).
@@ -137,7 +158,7 @@ class Scheduler:
             if request.status == RequestStatus.WAITING_FOR_FSM and not self._grammar_ready(request):
                 skipped_waiting.append(self.waiting.popleft())
                 continue
-            hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit_tokens
             if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > budget:
                 break
@@ -150,22 +171,21 @@ class Scheduler:
             if request.timing.first_scheduled_time is None:
                 request.timing.first_scheduled_time = now
                 request.timing.num_cached_tokens = num_hit_tokens
-            scheduled.append((request, num_new_tokens, []))
+            scheduled.append(
+                ScheduledRequest(
+                    request,
+                    num_new_tokens,
+                    manager.get_block_ids(request.request_id),
+                    sample=request.num_computed_tokens + num_new_tokens >= request.num_tokens,
+                )
+            )
+            total_num_scheduled_tokens += num_new_tokens
             budget -= num_new_tokens
         self.waiting.extendleft(reversed(skipped_waiting))
 
         output = SchedulerOutput(
-            scheduled=[
-                ScheduledRequest(
-                    request,
-                    num_new_tokens + len(drafts),
-                    self.kv_cache_manager.get_block_ids(request.request_id),
-                    sample=request.num_computed_tokens + num_new_tokens >= request.num_tokens,
-                    spec_token_ids=drafts,
-                )
-                for request, num_new_tokens, drafts in scheduled
-            ],
-            total_num_scheduled_tokens=sum(n + len(drafts) for _, n, drafts in scheduled),
+            scheduled=scheduled,
+            total_num_scheduled_tokens=total_num_scheduled_tokens,
             preempted_request_ids=[request.request_id for request in preempted],
             finished_request_ids=sorted(self.finished_req_ids),
         )
@@ -190,49 +210,60 @@ class Scheduler:
         if len(sampled_token_ids) != len(sampling):
             raise ValueError(f"{len(sampled_token_ids)} sampled rows for {len(sampling)} sampling requests")
         for scheduled, tokens in zip(sampling, sampled_token_ids, strict=True):
-            if not 1 <= len(tokens) <= 1 + len(scheduled.spec_token_ids):
+            if len(tokens) != 1 and not 1 <= len(tokens) <= 1 + len(scheduled.spec_token_ids):
                 raise ValueError(
                     f"request {scheduled.request.request_id}: {len(tokens)} tokens for a step with "
                     f"{len(scheduled.spec_token_ids)} drafts"
                 )
-        for scheduled in scheduler_output.scheduled:
-            if not scheduled.request.is_finished:  # the known tokens; accepted drafts are counted below
-                scheduled.request.num_computed_tokens += scheduled.num_scheduled_tokens - len(scheduled.spec_token_ids)
-
         now = time.monotonic()
         outputs = []
-        for row, scheduled in enumerate(sampling):
+        num_stopped = row = 0
+        for scheduled in scheduler_output.scheduled:  # one pass: each request's update touches only itself
             request = scheduled.request
-            if request.is_finished:
+            finished = request.status in FINISHED_STATUSES  # aborted since schedule()
+            if not finished:  # the known tokens; accepted drafts are counted below
+                request.num_computed_tokens += scheduled.num_scheduled_tokens - len(scheduled.spec_token_ids)
+            if not scheduled.sample:
                 continue
-            request.num_computed_tokens += len(sampled_token_ids[row]) - 1
-            new_token_ids = []
-            for token_id in sampled_token_ids[row]:
-                request.output_token_ids.append(token_id)
-                new_token_ids.append(token_id)
-                if self._check_stop(request):
-                    break
-            if len(sampled_token_ids[row]) > 1:
+            tokens = sampled_token_ids[row]
+            row += 1
+            if finished:
+                continue
+            if len(tokens) == 1:
+                new_token_ids = [tokens[0]]
+                request.output_token_ids.append(tokens[0])
+                self._check_stop(request)
+            else:
+                request.num_computed_tokens += len(tokens) - 1
+                new_token_ids = []
+                for token_id in tokens:
+                    request.output_token_ids.append(token_id)
+                    new_token_ids.append(token_id)
+                    if self._check_stop(request):
+                        break
                 # Blocks filled by accepted drafts: the known tokens' blocks were registered at allocation.
                 self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-            if request.timing.first_token_time is None:
-                request.timing.first_token_time = now
+            timing = request.timing
+            if timing.first_token_time is None:
+                timing.first_token_time = now
                 self.num_prompt_tokens += request.num_prompt_tokens
             self.num_generation_tokens += len(new_token_ids)
-            row_logprobs = logprobs[row] if logprobs is not None else None
+            row_logprobs = logprobs[row - 1] if logprobs is not None else None
             output = EngineCoreOutput(
-                request_id=request.request_id,
-                new_token_ids=new_token_ids,
-                new_logprobs=row_logprobs[: len(new_token_ids)] if row_logprobs is not None else None,
-                num_prompt_tokens=request.num_prompt_tokens,
+                request.request_id,
+                new_token_ids,
+                row_logprobs[: len(new_token_ids)] if row_logprobs is not None else None,
+                num_prompt_tokens=len(request.prompt_token_ids),
             )
-            if request.is_finished:
-                self.running.remove(request)
+            if request.status in FINISHED_STATUSES:
+                num_stopped += 1
                 self._release(request)
                 output.finish_reason = request.status.finish_reason
                 output.stop_reason = request.stop_reason
-                output.timing = request.timing
+                output.timing = timing
             outputs.append(output)
+        if num_stopped:  # one pass over the running list, in place (EngineCore hands it to the drafter)
+            self.running[:] = [r for r in self.running if r.status not in FINISHED_STATUSES]
         return outputs
 
     # ---------------------------------------------------------------- internals
@@ -277,13 +308,14 @@ class Scheduler:
 
     def _check_stop(self, request: Request) -> bool:
         """vLLM's finish rules, checked after each appended token."""
-        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= request.max_tokens:
+        num_output = len(request.output_token_ids)
+        if num_output >= request.max_tokens or num_output + len(request.prompt_token_ids) >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
             return True
         params = request.sampling_params
         # The sampler masks stop ids until min_tokens, unless a complete grammar allows nothing else: a constrained
         # request's stop id therefore always ends it.
-        if request.num_output_tokens <= params.min_tokens and params.structured_outputs is None:
+        if num_output <= params.min_tokens and params.structured_outputs is None:
             return False
         last_token_id = request.output_token_ids[-1]
         if not params.ignore_eos and last_token_id == request.eos_token_id:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from engine.request import Request
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step
 class ScheduledRequest:
     request: Request
     num_scheduled_tokens: int  # known tokens + drafts

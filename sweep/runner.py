@@ -244,6 +244,12 @@ async def dispatch(
             on_done()
         return record
 
+    # One sleep to t0 for all: requests due at the same time (a closed loop's first wave) then start, and take the
+    # semaphore, in index order, as `bench simulate` sends them. A sleep per request to the same instant would wake
+    # them in the timer heap's order, which is arbitrary among equal deadlines.
+    start_delay = t0 - time.perf_counter()
+    if start_delay > 0:
+        await asyncio.sleep(start_delay)
     results = await asyncio.gather(*(one(p, o) for p, o in zip(prompts, offsets, strict=True)))
     return [r for r in results if r is not None]
 

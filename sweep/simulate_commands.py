@@ -126,5 +126,34 @@ def simulate(
         _render_report(ctx.obj, run_dir, config.slo)
 
 
+def profile_serving(
+    profile: Path = typer.Option(..., help="A `bench profile` JSON (its serving terms are refitted)."),
+    measured: list[Path] = typer.Option(..., help="A measured `bench sweep` run directory to calibrate on; repeat."),
+    output: Path = typer.Option(..., help="Where to write the calibrated profile."),
+) -> None:
+    """Fit the profile's serving terms (engine-core and API cost per step and per sequence) to measured runs, so
+    `bench simulate` predicts a served engine rather than the bare model runner (sweep/serving_fit.py)."""
+    import json
+
+    from sweep.serving_fit import calibrate
+    from sweep.simulate_run import load_profile
+
+    try:
+        data = calibrate(load_profile(profile), measured)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        _fail(str(e))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n")
+    record = data["serving_calibration"]
+    terms = record["terms"]
+    typer.echo(
+        f"serving terms: {terms['step_overhead'] * 1e3:.2f} ms per step + {terms['per_seq'] * 1e3:.3f} ms per "
+        f"sequence; calibration TPOT mean error {100 * record['tpot_mean_rel_error_before']:.1f} % -> "
+        f"{100 * record['tpot_mean_rel_error_after']:.1f} %"
+    )
+    typer.echo(f"profile: {output}")
+
+
 def register(app: typer.Typer, render_report: Any = None) -> None:
     app.command("simulate", context_settings={"obj": render_report})(simulate)
+    app.command("profile-serving")(profile_serving)

@@ -10,6 +10,13 @@ cache and the query-key pairs a prefill chunk attends over. The model is
 with every coefficient >= 0 (non-negative least squares on relative error): piecewise linear, increasing and
 concave or convex in tokens between the breakpoints `k` as the measurements say (a GEMM gets cheaper per row as
 batches grow, until it is compute bound), and linear in the attention terms.
+
+`bench profile` times the model runner and the sampler only. A served step also pays what surrounds them: the
+engine core's scheduling, sampling metadata and output queue, and, for every token it streams, the API process's
+detokenisation, SSE framing and HTTP write (on a CPU machine, on the same cores as the model). Those costs are
+`serving` terms, fitted from measured `bench sweep` runs (sweep/serving_fit.py, `bench profile-serving`):
+
+    t_served = t + serving.step_overhead + serving.per_seq * seqs
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from engine.scheduler_output import SchedulerOutput
 
 DEFAULT_BREAKPOINTS = (16, 128, 512)
 FEATURES = ("overhead", "tokens", "seqs", "decode_context_tokens", "prefill_attention_kpairs")
+SERVING_TERMS = ("step_overhead", "per_seq")  # seconds per step, seconds per sequence in the step
 
 
 @dataclass(frozen=True)
@@ -70,9 +78,13 @@ class CostModel:
     coefficients: dict[str, float]
     breakpoints: tuple[int, ...] = DEFAULT_BREAKPOINTS
     fit_error: dict[str, float] = field(default_factory=dict)
+    serving: dict[str, float] = field(default_factory=dict)  # SERVING_TERMS; empty: the runner's time alone
 
     def step_time(self, shape: StepShape) -> float:
-        return float(features(shape, self.breakpoints) @ self._vector())
+        t = float(features(shape, self.breakpoints) @ self._vector())
+        if self.serving:
+            t += self.serving.get("step_overhead", 0.0) + self.serving.get("per_seq", 0.0) * shape.num_seqs
+        return t
 
     def _vector(self) -> np.ndarray:
         return np.array([self.coefficients.get(name, 0.0) for name in feature_names(self.breakpoints)])
@@ -87,12 +99,17 @@ class CostModel:
             breakpoints = tuple(int(b) for b in data.get("breakpoints", DEFAULT_BREAKPOINTS))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a cost model: {type(e).__name__}: {e}") from None
+        try:
+            serving = {str(k): float(v) for k, v in (data.get("serving") or {}).items()}
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"cost model: serving terms: {type(e).__name__}: {e}") from None
         unknown = set(coefficients) - set(feature_names(breakpoints))
+        unknown |= {f"serving.{k}" for k in set(serving) - set(SERVING_TERMS)}
         if unknown:
             raise ValueError(f"cost model: unknown coefficient(s) {sorted(unknown)}")
-        if any(v < 0 or not np.isfinite(v) for v in coefficients.values()):
-            raise ValueError(f"cost model: coefficients must be finite and >= 0, got {coefficients}")
-        return cls(coefficients, breakpoints, dict(data.get("fit_error") or {}))
+        if any(v < 0 or not np.isfinite(v) for v in [*coefficients.values(), *serving.values()]):
+            raise ValueError(f"cost model: coefficients must be finite and >= 0, got {coefficients} {serving}")
+        return cls(coefficients, breakpoints, dict(data.get("fit_error") or {}), serving)
 
     @classmethod
     def from_json(cls, text: str) -> CostModel:

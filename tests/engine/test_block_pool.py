@@ -25,7 +25,8 @@ def test_hash_full_blocks_skips_the_partial_tail_and_extends_incrementally() -> 
     tokens = list(range(10))
     hashes = hash_full_blocks(tokens, 4)
     assert len(hashes) == 2
-    assert hashes[1] == hash_block_tokens(hashes[0], [4, 5, 6, 7])
+    assert hashes == [hash_block_tokens(None, [0, 1, 2, 3]), hash_block_tokens(hashes[0], [4, 5, 6, 7])]
+    assert hash_full_blocks([4, 5, 6, 7, 8], 4, parent=hashes[0]) == hashes[1:]  # the chain's continuation alone
     assert hash_full_blocks(tokens + [10, 11], 4, known=hashes) == hash_full_blocks(tokens + [10, 11], 4)
 
 

@@ -76,6 +76,14 @@ def test_schedule_shapes() -> None:
         PointSpec(label="x", mode="concurrency", concurrency=2)  # neither num_prompts nor duration
 
 
+def test_a_closed_loop_sends_in_index_order(mock: ServerProcess) -> None:
+    """Requests due at once go in index order (the simulation's order), never in the timer heap's."""
+    for _ in range(3):
+        records, _, _ = run(mock, PointSpec(label="c", mode="concurrency", concurrency=3, num_prompts=9), 9)
+        first_wave = sorted(records, key=lambda r: r.send_time)[:3]
+        assert sorted(r.index for r in first_wave) == [0, 1, 2]
+
+
 def test_duration_stops_sending(mock: ServerProcess) -> None:
     spec = PointSpec(label="c", mode="concurrency", concurrency=2, duration=0.3)
     records, t0, _ = run(mock, spec, 500)

@@ -68,6 +68,8 @@ def test_fit_recovers_a_known_model_and_reports_its_error() -> None:
         ({}, "not a cost model"),
         ({"coefficients": {"overhead": -1.0}}, ">= 0"),
         ({"coefficients": {"warp_speed": 1.0}}, "unknown coefficient"),
+        ({"coefficients": {"overhead": 1.0}, "serving": {"per_token_http": 1.0}}, "unknown coefficient"),
+        ({"coefficients": {"overhead": 1.0}, "serving": {"per_seq": -1.0}}, ">= 0"),
     ],
 )
 def test_a_bad_cost_model_is_rejected(data: dict, message: str) -> None:
@@ -80,3 +82,11 @@ def test_fit_rejects_mismatched_or_non_positive_times() -> None:
         fit([StepShape(num_decode_seqs=1)], [])
     with pytest.raises(ValueError, match="> 0"):
         fit([StepShape(num_decode_seqs=1)], [0.0])
+
+
+def test_serving_terms_add_a_per_step_and_a_per_sequence_cost() -> None:
+    base = CostModel({"overhead": 0.010, "tokens": 0.001})
+    served = CostModel.from_dict({**base.to_dict(), "serving": {"step_overhead": 0.002, "per_seq": 0.0005}})
+    shape = StepShape(num_prefill_tokens=30, num_prefill_seqs=1, num_decode_seqs=3, decode_context_tokens=90)
+    assert base.step_time(shape) == pytest.approx(0.010 + 0.033)
+    assert served.step_time(shape) == pytest.approx(0.010 + 0.033 + 0.002 + 4 * 0.0005)

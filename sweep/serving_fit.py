@@ -1,0 +1,148 @@
+"""`bench profile-serving`: fit a profile's serving terms to measured `bench sweep` runs.
+
+`bench profile` times the model runner and the sampler; a served engine's step also pays the engine core around
+them (scheduling, sampling metadata, the output queue) and, per streamed token, the API process (detokenisation,
+SSE, HTTP), which on a CPU machine runs on the model's cores. Those costs are not a fudge factor on the step: they
+are two measured terms of the cost model (engine/executor/cost_model.py), a fixed cost per step and a cost per
+sequence in the step.
+
+Fitting: every point of every calibration run is simulated as it was run (its workload, knobs and load, see
+`simulate_like`), and the difference between its measured and predicted median TPOT is regressed on the
+simulated point's mean running sequences, non-negatively and on relative error:
+
+    TPOT_measured - TPOT_predicted = step_overhead + per_seq * running_seqs
+
+A decode step's time is what a TPOT measures, so the terms are what each step is missing. Because queueing makes
+the prediction non-linear in the step time, the fit is repeated on the refitted profile until the terms settle
+(`rounds`). Calibrate on runs that the validation does not use.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sweep.simulate_run import Profile
+
+
+@dataclass
+class CalibrationPoint:
+    run: str
+    label: str
+    measured_tpot_ms: float
+    predicted_tpot_ms: float
+    running_seqs: float
+
+
+def run_config(run_dir: Path) -> dict[str, Any]:
+    config = json.loads((run_dir / "config.json").read_text())
+    if config.get("simulated"):
+        raise ValueError(f"{run_dir}: a simulated run; calibrate on measured `bench sweep` runs")
+    if (config.get("target") or {}).get("backend") != "servelab":
+        raise ValueError(f"{run_dir}: not a run of the built-in engine (target.backend must be 'servelab')")
+    return config
+
+
+def simulate_like(run_dir: Path, profile: Profile, output_dir: Path) -> dict[str, tuple[dict, dict]]:
+    """Simulate every point of a measured run with `profile`, as it was run: label -> (measured, simulated)."""
+    from rich.console import Console
+
+    from sweep.runner import WorkloadConfig
+    from sweep.simulate_run import SimulateConfig, Simulator
+
+    config = run_config(run_dir)
+    target, sweep = config["target"], config["sweep"]
+    fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    workload = WorkloadConfig(**{k: v for k, v in config["workload"].items() if k in fields})
+    simulate_config = SimulateConfig(
+        output_dir=output_dir,
+        profile=profile,
+        mode=sweep["mode"],
+        values=[float(v) for v in sweep["values"]],
+        engine_knobs={**target.get("engine_knobs", {}), "model": target["model"]},
+        workload=workload,
+        num_prompts=sweep.get("num_prompts"),
+        duration=sweep.get("duration"),
+        burstiness=sweep.get("burstiness", 1.0),
+        max_concurrency=sweep.get("max_concurrency"),
+        percentiles=list(config.get("percentiles") or [50, 90, 99]),
+    )
+    simulator = Simulator(simulate_config, console=Console(stderr=True, quiet=True))
+    pairs = {}
+    for path in sorted((run_dir / "points").glob("*.json")):
+        measured = json.loads(path.read_text())
+        value = measured.get("max_concurrency") if sweep["mode"] == "concurrency" else measured.get("request_rate")
+        pairs[measured["label"]] = (measured, simulator.measure(float(value)))
+    return pairs
+
+
+def calibration_points(run_dirs: list[Path], profile: Profile, scratch: Path) -> list[CalibrationPoint]:
+    points = []
+    for index, run_dir in enumerate(run_dirs):
+        for label, (measured, simulated) in simulate_like(run_dir, profile, scratch / f"run{index}").items():
+            if not measured.get("median_tpot_ms") or not simulated.get("median_tpot_ms"):
+                continue  # one-token outputs: no TPOT to fit
+            points.append(
+                CalibrationPoint(
+                    str(run_dir), label, float(measured["median_tpot_ms"]), float(simulated["median_tpot_ms"]),
+                    float(simulated["simulation"]["mean_running_seqs"]),
+                )
+            )  # fmt: skip
+    return points
+
+
+def fit_terms(points: list[CalibrationPoint]) -> dict[str, float]:
+    """Non-negative (step_overhead, per_seq) seconds minimising the relative TPOT error of `points`."""
+    from engine.executor.cost_model import nnls
+
+    if not points:
+        raise ValueError("no calibration point has a TPOT (every output was one token?)")
+    x = np.array([[1.0, p.running_seqs] for p in points])
+    residual = np.array([(p.measured_tpot_ms - p.predicted_tpot_ms) / 1e3 for p in points])
+    weights = 1.0 / np.array([p.measured_tpot_ms / 1e3 for p in points])
+    if len({p.running_seqs for p in points}) < 2:  # one load level: a per-step term only
+        x = x[:, :1]
+    terms = nnls(x * weights[:, None], residual * weights)
+    return {"step_overhead": float(terms[0]), "per_seq": float(terms[1]) if len(terms) > 1 else 0.0}
+
+
+def calibrate(profile: Profile, run_dirs: list[Path], rounds: int = 3) -> dict[str, Any]:
+    """The profile's JSON with `cost_model.serving` fitted to `run_dirs` and a `serving_calibration` record."""
+    from engine.executor.cost_model import CostModel
+
+    data = copy.deepcopy(profile.data)
+    data["cost_model"].pop("serving", None)
+    serving: dict[str, float] = {"step_overhead": 0.0, "per_seq": 0.0}
+    history = []
+    with tempfile.TemporaryDirectory(prefix="profile-serving-") as scratch:
+        for round_index in range(rounds):
+            model = CostModel.from_dict({**data["cost_model"], "serving": serving})
+            current = Profile(profile.path, {**data, "cost_model": model.to_dict()}, model)
+            points = calibration_points(run_dirs, current, Path(scratch) / f"round{round_index}")
+            history.append([dataclasses.asdict(p) for p in points])
+            delta = fit_terms(points)
+            serving = {k: max(serving[k] + delta[k], 0.0) for k in serving}
+            if abs(delta["step_overhead"]) + abs(delta["per_seq"]) * 8 < 1e-4:  # < 0.1 ms at 8 sequences
+                break
+        model = CostModel.from_dict({**data["cost_model"], "serving": serving})
+        final = calibration_points(run_dirs, Profile(profile.path, data, model), Path(scratch) / "final")
+    data["cost_model"] = model.to_dict()
+    errors = [abs(p.predicted_tpot_ms - p.measured_tpot_ms) / p.measured_tpot_ms for p in final]
+    data["serving_calibration"] = {
+        "runs": [str(r) for r in run_dirs],
+        "terms": serving,
+        "points_before": history[0],
+        "points_after": [dataclasses.asdict(p) for p in final],
+        "tpot_mean_rel_error_before": float(
+            np.mean([abs(p["predicted_tpot_ms"] - p["measured_tpot_ms"]) / p["measured_tpot_ms"] for p in history[0]])
+        ),
+        "tpot_mean_rel_error_after": float(np.mean(errors)),
+    }
+    return data
