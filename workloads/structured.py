@@ -68,14 +68,20 @@ def schema_size(schema: dict) -> int:
 def with_schemas(
     specs: Sequence[RequestSpec], field_counts: Sequence[int] = (1, 4, 16, 64), seed: int = 0
 ) -> list[RequestSpec]:
-    """Attach a JSON schema to each request; its top-level field count is drawn uniformly from field_counts."""
+    """Attach a bounded JSON schema to each request; its top-level field count is drawn uniformly from field_counts.
+
+    A request's output length is raised where needed to the schema's longest compact output plus EOS at one token
+    per character (`max_output_chars`), so max_tokens never cuts a valid output short: a structured output's length
+    is set by its schema, and a 64-field schema's output is longer than most drawn output lengths."""
     if not field_counts:
         raise ValueError("field_counts must not be empty")
     rng = np.random.default_rng(seed)
-    return [
-        dataclasses.replace(spec, schema=json_schema(int(field_counts[int(rng.integers(len(field_counts)))]), rng))
-        for spec in specs
-    ]
+    attached = []
+    for spec in specs:
+        schema = bounded_values(json_schema(int(field_counts[int(rng.integers(len(field_counts)))]), rng))
+        output_len = max(spec.output_len, max_output_chars(schema) + 1)
+        attached.append(dataclasses.replace(spec, schema=schema, output_len=output_len))
+    return attached
 
 
 def bounded_values(schema: dict) -> dict:

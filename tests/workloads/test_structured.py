@@ -75,3 +75,12 @@ def test_bounded_values_keeps_the_schemas_own_bounds():
     assert bounded["n"] == {"type": "integer", "minimum": 3}  # a bound of its own: left as it is
     assert bounded["s"]["maxLength"] == 24 and bounded["a"]["maxItems"] == 2
     assert (bounded["a"]["items"]["minimum"], bounded["a"]["items"]["maximum"]) == (0, 9999)
+
+
+def test_structured_workload_schemas_are_bounded_and_fit_their_output_length():
+    specs = workloads.load("structured", num_requests=64, seed=3, output_len=32)
+    assert any(spec.output_len > 32 for spec in specs)
+    for spec in specs:
+        assert spec.schema == bounded_values(spec.schema)
+        assert spec.output_len >= max_output_chars(spec.schema) + 1
+        assert spec.output_len >= 32
