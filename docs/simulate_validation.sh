@@ -8,7 +8,7 @@
 set -euo pipefail
 O=${1:?usage: simulate_validation.sh OUT_DIR}
 mkdir -p "$O"
-B="env OMP_NUM_THREADS=1 PYTHONPATH=$PWD ${PYTHON:-/work/main/.venv/bin/python} cli.py"
+B="env OMP_NUM_THREADS=1 PYTHONPATH=$PWD ${PYTHON:-$PWD/.venv/bin/python} cli.py"
 S="sweep --model smollm2-135m --num-warmups 1 --no-report"
 log() { echo "$(date -u +%H:%M:%S) $* | $(uptime | sed 's/.*load/load/')" | tee -a "$O/log.txt"; }
 log start
