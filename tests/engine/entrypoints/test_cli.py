@@ -66,3 +66,13 @@ def test_positional_model_like_vllm_serve(captured: dict[str, Any]) -> None:
 def test_bad_knob_is_a_clear_error_without_loading_anything() -> None:
     result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--block-size", "24", "--port", "0"])
     assert result.exit_code == 1 and "block_size must be a positive power of two" in result.output
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--quantization", "fp8"], "quantization='fp8' needs a CUDA GPU"),
+    (["--kv-cache-dtype", "fp8"], "kv_cache_dtype='fp8' needs a CUDA GPU"),
+])  # fmt: skip
+def test_fp8_on_the_cpu_is_refused_at_start_naming_the_knob(flags: list[str], message: str) -> None:
+    """No CUDA device: `bench serve` exits 1 with the reason before binding a port or loading the model."""
+    result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", *flags])
+    assert result.exit_code == 1 and "bench serve: error:" in result.output and message in result.output
