@@ -94,8 +94,9 @@ def profile_llama_cpp(gguf: Path, input_len: int, output_len: int, threads: int)
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(str(gguf), n_ctx=input_len + output_len + 8, n_threads=threads, n_threads_batch=threads,
-                n_batch=max(input_len, 64), verbose=False)  # fmt: skip
+    n_ctx = input_len + output_len + 8
+    llm = Llama(str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx,
+                verbose=False)  # fmt: skip  # n_batch = n_ctx: `scores` holds a row per position
     evals: list[float] = []
     picks: list[float] = []
     for attempt in range(2):  # the first run warms up
