@@ -45,6 +45,10 @@ def register(
 
     app.command("decode-speed")(decode_speed)
 
+    from engine.benchmarks.decode_profile import decode_profile
+
+    app.command("decode-profile")(decode_profile)
+
     from engine.benchmarks.profile import profile
 
     app.command("profile")(profile)

@@ -387,3 +387,6 @@ def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> N
     app.command("mock-server")(mock_server)
     app.command("calibrate")(calibrate)
     app.command("soak")(soak_command)
+    from sweep.compare_llama_cpp import compare_llama_cpp
+
+    app.command("compare-llama-cpp")(compare_llama_cpp)

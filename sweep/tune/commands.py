@@ -122,10 +122,13 @@ def tune(
     gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
-        "are infeasible, cause quality (measured with `bench quality` once per weight setting, before any launch)."
+        "are infeasible, cause quality (measured with `bench quality` once per weight and KV-cache dtype setting, "
+        "before any launch)."
     ),
     quality_window: int = typer.Option(1024, help="--max-quality-loss: tokens per scored window (bench quality)."),
     quality_tokens: int | None = typer.Option(None, help="--max-quality-loss: score only the text's first N tokens."),
+    quality_chunk: int = typer.Option(64, help="--max-quality-loss: prefill chunk (--max-num-batched-tokens) of the "
+                                      "measurement, below the window so the KV cache's dtype is seen."),
 ) -> None:
     """Search engine knobs (Optuna TPE) for the most load, or goodput, under an SLO."""
     import logging
@@ -163,7 +166,8 @@ def tune(
             from sweep.tune.quality_guard import QualityGuard, QualityGuardConfig, parse_max_quality_loss
 
             quality_guard = QualityGuard(QualityGuardConfig(model, parse_max_quality_loss(max_quality_loss),
-                                                            window=quality_window, num_tokens=quality_tokens))
+                                                            window=quality_window, num_tokens=quality_tokens,
+                                                            chunk_tokens=quality_chunk))
         profile = None
         if simulate_first is not None:
             from sweep.simulate_run import load_profile

@@ -1,11 +1,15 @@
 """`bench tune --max-quality-loss`: a configuration whose perplexity rises more than the bound over the unquantized
 model is infeasible, known before its engine is launched.
 
-Quality depends only on the knobs that change the weights (`WEIGHT_KNOBS`, with the dtype they are stored in), so it
-is measured once per such setting, in this process, with `bench quality`'s `measure_quality` (the setting against
-the same knobs with quantization=none), and cached in the study's user attributes under `quality:<setting JSON>`:
-a resumed study, and every worker sharing its storage, reads it instead of measuring again. quantization=none is
+Quality depends only on the knobs that change the numbers the model computes with (`QUALITY_KNOBS`: the weight
+knobs, with the dtype they are stored in, and the KV cache's dtype), so it is measured once per such setting, in this
+process, with `bench quality`'s `measure_quality` (the setting against the same knobs with quantization=none and
+kv_cache_dtype=auto), and cached in the study's user attributes under `quality:<setting JSON>`: a resumed study, and
+every worker sharing its storage, reads it instead of measuring again. quantization=none with kv_cache_dtype=auto is
 the reference itself: a loss of 0, never measured.
+
+The text is prefilled in chunks of `chunk_tokens` (`--max-num-batched-tokens`), well below the window: a window's
+first chunk attends over its fresh K/V, so only later chunks read the cache and see its dtype's cost.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import optuna
 from sweep.tune.objective import Infeasible
 
 WEIGHT_KNOBS = ("dtype", "quantization", "quantization_group_size", "quantization_skip")
+QUALITY_KNOBS = (*WEIGHT_KNOBS, "kv_cache_dtype")
 CACHE_PREFIX = "quality:"
 FLAG = "--max-quality-loss"
 
@@ -50,6 +55,7 @@ class QualityGuardConfig:
     max_loss: float  # the largest allowed perplexity / reference_perplexity - 1
     window: int = 1024  # `bench quality --window`
     num_tokens: int | None = None  # `bench quality --num-tokens` (None: the whole text)
+    chunk_tokens: int = 64  # `bench quality --max-num-batched-tokens`: below the window, so the KV cache is read
 
     def __post_init__(self) -> None:
         if self.max_loss < 0:
@@ -58,18 +64,29 @@ class QualityGuardConfig:
             raise ValueError(f"--quality-window must be >= 2 tokens, got {self.window}")
         if self.num_tokens is not None and self.num_tokens < 2:
             raise ValueError(f"--quality-tokens must be >= 2, got {self.num_tokens}")
+        if self.chunk_tokens < 1:
+            raise ValueError(f"the quality chunk must be >= 1 token, got {self.chunk_tokens}")
 
 
-def weight_setting(knobs: dict[str, Any]) -> dict[str, Any]:
-    """The trial knobs quality depends on (only those the trial sets; the engine defaults stand for the rest)."""
-    setting = {k: knobs[k] for k in WEIGHT_KNOBS if knobs.get(k) is not None}
-    if setting.get("quantization", "none") == "none":
-        return {k: v for k, v in setting.items() if k == "dtype"} | {"quantization": "none"}
+def quality_setting(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The trial knobs quality depends on (only those the trial sets; the engine defaults stand for the rest):
+    always `quantization` and `kv_cache_dtype`, the group size and skip list only when quantized."""
+    setting = {k: knobs[k] for k in QUALITY_KNOBS if knobs.get(k) is not None}
+    setting.setdefault("quantization", "none")
+    setting.setdefault("kv_cache_dtype", "auto")
+    if setting["quantization"] == "none":
+        return {k: v for k, v in setting.items() if k in ("dtype", "quantization", "kv_cache_dtype")}
     return setting
 
 
+def is_reference(setting: dict[str, Any]) -> bool:
+    """The setting `measure_quality` compares against: its loss is 0 by definition."""
+    return setting["quantization"] == "none" and setting["kv_cache_dtype"] == "auto"
+
+
 def cache_key(config: QualityGuardConfig, setting: dict[str, Any]) -> str:
-    measured_on = {"model": config.model, "window": config.window, "num_tokens": config.num_tokens}
+    measured_on = {"model": config.model, "window": config.window, "num_tokens": config.num_tokens,
+                   "chunk_tokens": config.chunk_tokens}
     return CACHE_PREFIX + json.dumps({**measured_on, **setting}, sort_keys=True)
 
 
@@ -82,7 +99,7 @@ def measure_in_process(config: QualityGuardConfig) -> Measure:
 
         try:
             result = measure_quality({**setting, "model": config.model}, window=config.window,
-                                     num_tokens=config.num_tokens)
+                                     num_tokens=config.num_tokens, max_num_batched_tokens=config.chunk_tokens)
         except ConfigError as err:  # the engine refuses the setting: so would the trial's engine
             raise Infeasible(f"quality measurement: {err}", "start") from err
         finally:
@@ -109,8 +126,8 @@ class QualityGuard:
 
     def quality(self, study: optuna.Study, knobs: dict[str, Any]) -> dict[str, Any]:
         """The setting's quality record: `perplexity_increase` and, once measured, `bench quality`'s other fields."""
-        setting = weight_setting(knobs)
-        if setting["quantization"] == "none":
+        setting = quality_setting(knobs)
+        if is_reference(setting):
             return {"perplexity_increase": 0.0, "setting": setting}
         key = cache_key(self.config, setting)
         cached = study.user_attrs.get(key)

@@ -73,3 +73,13 @@ def test_bad_structured_outputs_config_is_a_clear_error_naming_the_field() -> No
     result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--structured-outputs-config", config])
     assert result.exit_code == 1
     assert "structured_outputs_config.backend 'guidance' is not available" in result.output
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--quantization", "fp8"], "quantization='fp8' needs a CUDA GPU"),
+    (["--kv-cache-dtype", "fp8"], "kv_cache_dtype='fp8' needs a CUDA GPU"),
+])  # fmt: skip
+def test_fp8_on_the_cpu_is_refused_at_start_naming_the_knob(flags: list[str], message: str) -> None:
+    """No CUDA device: `bench serve` exits 1 with the reason before binding a port or loading the model."""
+    result = CliRunner().invoke(app, ["serve", "--model", "tiny-random", "--device", "cpu", "--port", "0", *flags])
+    assert result.exit_code == 1 and "bench serve: error:" in result.output and message in result.output

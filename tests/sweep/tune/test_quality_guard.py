@@ -134,11 +134,43 @@ def test_the_measurement_is_bench_quality_on_tiny_random(tmp_path: Path) -> None
     config = QualityGuardConfig("tiny-random", 1.0, window=16, num_tokens=32)
     record = QualityGuard(config, measure_in_process(config)).quality(study, {"quantization": "int8", "dtype":
                                                                               "float32", "max_num_seqs": 4})
-    assert record["setting"] == {"dtype": "float32", "quantization": "int8"} and record["num_scored_tokens"] == 30
+    assert record["setting"] == {"dtype": "float32", "quantization": "int8", "kv_cache_dtype": "auto"}
+    assert record["num_scored_tokens"] == 30
     assert math.isclose(record["perplexity_increase"], record["perplexity"] / record["reference_perplexity"] - 1)
     assert not any(isinstance(o, LLM) for o in gc.get_objects())  # both engines' memory is released
     (key,) = study.user_attrs
     assert json.loads(key.removeprefix("quality:"))["window"] == 16 and study.user_attrs[key] == record
+    assert json.loads(key.removeprefix("quality:"))["chunk_tokens"] == 64
     with pytest.raises(Infeasible, match="fp8") as err:  # the engine refuses fp8 on the CPU: so would the trial
         QualityGuard(config, measure_in_process(config)).quality(study, {"quantization": "fp8"})
     assert err.value.cause == "start"
+
+
+def test_the_kv_cache_dtype_is_part_of_the_setting_measured_and_cached() -> None:
+    measure = CountingMeasure()
+    LOSS["none"] = 0.001  # the bfloat16 KV cache's cost, as if measured
+    try:
+        quality_guard, study = guard(measure), optuna.create_study()
+        assert quality_guard.quality(study, {"quantization": "none", "kv_cache_dtype": "auto"})[
+            "perplexity_increase"] == 0.0  # the reference itself: never measured
+        for knobs in ({"quantization": "none", "kv_cache_dtype": "bfloat16"}, {"quantization": "int8"},
+                      {"quantization": "int8", "kv_cache_dtype": "bfloat16"}, {"quantization": "int8",
+                                                                               "kv_cache_dtype": "auto"}):
+            quality_guard.quality(study, knobs)
+    finally:
+        del LOSS["none"]
+    assert measure.settings == [{"quantization": "none", "kv_cache_dtype": "bfloat16"},
+                                {"quantization": "int8", "kv_cache_dtype": "auto"},
+                                {"quantization": "int8", "kv_cache_dtype": "bfloat16"}]  # int8+auto: cached
+    assert len(study.user_attrs) == 3
+
+
+def test_the_measurement_reads_the_kv_cache_so_a_bfloat16_cache_costs_something(tmp_path: Path) -> None:
+    """Chunks below the window: later chunks attend over the bfloat16 cache (with one chunk per window they would
+    not, and the loss would be exactly 0)."""
+    study = optuna.create_study()
+    config = QualityGuardConfig("tiny-random", 1.0, window=16, num_tokens=32, chunk_tokens=4)
+    record = QualityGuard(config, measure_in_process(config)).quality(
+        study, {"quantization": "none", "kv_cache_dtype": "bfloat16", "dtype": "float32"})
+    assert record["setting"] == {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "bfloat16"}
+    assert record["kv_cache_dtype"] == "bfloat16" and record["perplexity_increase"] != 0.0
