@@ -4,7 +4,7 @@
 # the grid and its true best), then the same grid with --simulate-first in the same order (GridSampler, same
 # seed), then the whole grid once more (the run-to-run spread of the same configurations). One locked run:
 #   flock /work/bench.lock docs/tune_replay_validation.sh OUT_DIR
-# Afterwards (no timing): bench tune-launches OUT/full OUT/simfirst --rerun OUT/full2
+# Afterwards (no timing): bench tune-launches OUT/full simfirst=OUT/simfirst rerun=OUT/full2
 set -euo pipefail
 O=${1:?usage: tune_replay_validation.sh OUT_DIR}
 mkdir -p "$O"
