@@ -88,3 +88,38 @@ def test_the_command_reads_two_tune_directories(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "NAME=DIR" in bad.output
     with pytest.raises(ValueError, match="no tune.db"):
         open_single_study(str(tmp_path / "nowhere"))
+
+
+def test_a_grid_with_and_without_simulate_first_visits_the_same_order(tmp_path: Path) -> None:
+    """The comparison's premise: GridSampler with one seed draws the same order when trials are pruned."""
+    from tune_fakes import FakeBackend
+
+    from sweep.tune.objective import ObjectiveSpec
+    from sweep.tune.simulate_first import SimulateFirstObjective
+    from sweep.tune.space import DeviceInfo, build_space
+    from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
+
+    path = tmp_path / "space.json"
+    path.write_text('{"max_num_seqs": {"choices": [1, 2, 4, 8]}, "max_num_batched_tokens": {"choices": [256, 2048]},'
+                    '"enable_chunked_prefill": {"choices": [true, false]}, "max_model_len": 1024, "block_size": null,'
+                    '"enable_prefix_caching": null, "speculative_config": null}')
+    space = build_space(DeviceInfo(device="cpu", model_max_len=2048, min_model_len=100), path)
+    spec = ObjectiveSpec(kind="goodput", load=8)
+    studies, backends = {}, {}
+    for name in ("full", "sf"):
+        out = tmp_path / name
+        out.mkdir()
+        backends[name] = real = FakeBackend(lambda k: float(k["max_num_seqs"]))
+        study = open_study(storage_url(None, out), "grid", spec, seed=0, info={}, grid=space.grid())
+        objective = (TuneObjective(space, spec, real, out) if name == "full" else
+                     SimulateFirstObjective(space, spec, real, out, margin=0.2,
+                                            simulator=FakeBackend(lambda k: float(k["max_num_seqs"]))))
+        run_study(study, objective, 16, None, show_progress=False)
+        studies[name] = study
+    r = compare_launches(studies["full"], {"sf": studies["sf"]})
+    assert r["same_order"]["sf"] and r["best"] == 8.0
+    full, sf = r["studies"]["full"], r["studies"]["sf"]
+    assert full["refused_before_launch"] == sf["refused_before_launch"] == 4  # chunked prefill off with 256
+    assert full["launched"] == 12 == len(backends["full"].launched)
+    assert sf["launched"] == len(backends["sf"].launched) == 12 - sf["pruned_by_simulation"]
+    assert sf["launches_to_target"] <= full["launches_to_target"]  # an exact simulator never prunes the best
