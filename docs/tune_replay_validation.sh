@@ -4,6 +4,7 @@
 # the grid and its true best), then the same grid with --simulate-first in the same order (GridSampler, same
 # seed), then the whole grid once more (the run-to-run spread of the same configurations). One locked run:
 #   flock /work/bench.lock docs/tune_replay_validation.sh OUT_DIR
+# SLO=ttft=...,tpot=... overrides the SLO (default ttft=3000,tpot=150); RERUN=0 skips the second full grid.
 # Afterwards (no timing): bench tune-launches OUT/full simfirst=OUT/simfirst rerun=OUT/full2
 set -euo pipefail
 O=${1:?usage: tune_replay_validation.sh OUT_DIR}
@@ -23,10 +24,10 @@ speculative_config: null
 gpu_memory_utilization: null
 YAML
 # Goodput (good requests/s) at 8 closed-loop streams, random 256-token prompts and 32 output tokens, 16 requests.
-T="tune --model smollm2-135m --space $O/space.yaml --grid --seed 0 --objective goodput --slo ttft=3000,tpot=150 \
+T="tune --model smollm2-135m --space $O/space.yaml --grid --seed 0 --objective goodput --slo ${SLO:-ttft=3000,tpot=150} \
   --workload random --input-len 256 --output-len 32 --concurrency 8 --num-prompts 16 --num-warmups 1 \
   --startup-timeout 120 --trial-timeout 300"
-log start
+log start "slo ${SLO:-ttft=3000,tpot=150}"
 $B profile --prefill-tokens 16,64,256,1024 --decode-seqs 1,4,8 --context-lens 128,512 --repeats 3 \
   --max-model-len 2048 --output "$O/profile.json" | tee "$O/profile.txt"
 log profile done
@@ -34,5 +35,7 @@ $B $T --output-dir "$O/full" 2>&1 | tee "$O/full.txt"
 log full grid done
 $B $T --simulate-first "$O/profile.json" --output-dir "$O/simfirst" 2>&1 | tee "$O/simfirst.txt"
 log simulate-first done
-$B $T --output-dir "$O/full2" 2>&1 | tee "$O/full2.txt"
-log full grid rerun done
+if [ "${RERUN:-1}" != 0 ]; then
+  $B $T --output-dir "$O/full2" 2>&1 | tee "$O/full2.txt"
+  log full grid rerun done
+fi
