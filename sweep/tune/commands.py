@@ -351,8 +351,56 @@ def tune_efficiency(
                                            "results": results}, indent=1))
 
 
+def tune_launches(
+    full: str = typer.Argument(..., help="The full grid's `bench tune --grid` output directory (or storage URL)."),
+    others: list[str] = typer.Argument(..., help="Studies to count against it: NAME=DIR (e.g. simfirst=OUT/sf)."),
+    tolerance: float = typer.Option(0.05, help="'Near-best': within this fraction of the full grid's best value."),
+    output_json: Path | None = typer.Option(None, help="Also write the comparison here."),
+) -> None:
+    """Engines launched before a configuration within 5 % of the full grid's best was measured, per study
+    (e.g. the same grid with and without --simulate-first), with the pruned counts, wall times and the spread of
+    the configurations measured in both."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sweep.tune.replay import compare_launches, open_single_study
+
+    console = Console()
+    try:
+        named = {}
+        for item in others:
+            name, sep, where = item.partition("=")
+            if not sep or not name or name == "full":
+                raise ValueError(f"expected NAME=DIR (NAME not 'full'), got {item!r}")
+            named[name] = open_single_study(where)
+        result = compare_launches(open_single_study(full), named, tolerance)
+    except (ValueError, KeyError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    console.print(f"full grid best {result['best']:.4g} at {json.dumps(result['best_params'])}; "
+                  f"target {result['target']:.4g} (within {tolerance:.0%})")
+    table = Table("study", "trials", "launched", "pruned by simulation", "refused before launch", "best measured",
+                  "launches to target (measured)", "(by config)", "wall s", "same order")
+    def fmt(v: Any, spec: str = "g") -> str:
+        return "-" if v is None else format(v, spec)
+    for name, s in result["studies"].items():
+        table.add_row(name, str(s["trials"]), str(s["launched"]), str(s["pruned_by_simulation"]),
+                      str(s["refused_before_launch"]), fmt(s["best"], ".4g"), fmt(s["launches_to_target"]),
+                      fmt(s["launches_to_target_config"]), fmt(s["wall_s"], ".0f"), str(result["same_order"][name]))
+    console.print(table)
+    for name, rows in result["same_configuration"].items():
+        if rows:
+            rel = [abs(r["relative"]) for r in rows if r["relative"] is not None]
+            console.print(f"{name} vs full, same configuration: {len(rows)} pairs, |difference| median "
+                          f"{sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}" if rel else f"{name}: no pairs")
+    if output_json:
+        output_json.write_text(json.dumps(result, indent=1, default=str))
+
+
 def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> None:
-    """Add `bench tune` and `bench tune-efficiency` to the `bench` app; `render_report` renders the best trial's
-    sweep report, linked from tune_report.html (it reaches `tune` as its context's `obj`; without one, no link)."""
+    """Add `bench tune`, `bench tune-efficiency` and `bench tune-launches` to the `bench` app; `render_report`
+    renders the best trial's sweep report, linked from tune_report.html (it reaches `tune` as its context's `obj`;
+    without one, no link)."""
     app.command("tune", context_settings={"obj": render_report})(tune)
     app.command("tune-efficiency")(tune_efficiency)
+    app.command("tune-launches")(tune_launches)

@@ -122,3 +122,109 @@ def load_grid(path: Path) -> dict[str, Any]:
         if key not in grid:
             raise ValueError(f"{path} is not a grid fixture (no {key!r}); export one with --from-storage")
     return grid
+
+
+# --- `bench tune-launches`: engines launched to reach near-best, with and without --simulate-first -------------------
+
+NOT_LAUNCHED_CAUSES = ("constraint", "quality")  # decided before any engine start (vLLM's static rules, perplexity)
+SIMULATION_PRUNED = "pruned by simulation"  # sweep.tune.simulate_first.PRUNED_STATUS
+
+
+def launched(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the trial started an engine: not pruned by its simulation, not refused before launch."""
+    status = trial.user_attrs.get("status")
+    if status is None or status == SIMULATION_PRUNED:
+        return False
+    return not (status == "infeasible" and trial.user_attrs.get("cause") in NOT_LAUNCHED_CAUSES)
+
+
+def _measured(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The trial's measured value when it ran to the end on a started engine, else None."""
+    if trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok" and feasible(trial):
+        return trial.values[0]
+    return None
+
+
+def study_launches(study: optuna.Study, target: float, maximize: bool,
+                   reference: dict[str, float] | None = None) -> dict[str, Any]:
+    """One study, in trial order: engines launched until a measured value met `target` (`launches_to_target`), and
+    until a launched configuration whose `reference` value (another study's measurement of the same configuration)
+    met it (`launches_to_target_config`: immune to this study's own noise); None when never. Also the trials,
+    launches, simulation-pruned and refused-before-launch counts, the best measured value, the wall time from the
+    first trial's start to the last trial's end, and the order of the configurations."""
+    trials = sorted((t for t in study.get_trials(deepcopy=False) if t.state.is_finished()), key=lambda t: t.number)
+
+    def meets(value: float | None) -> bool:
+        return value is not None and (value >= target if maximize else value <= target)
+
+    launches = 0
+    reached: int | None = None
+    reached_trial: int | None = None
+    reached_config: int | None = None
+    for t in trials:
+        if launched(t):
+            launches += 1
+            if reached_config is None and reference is not None and meets(reference.get(_key(t.params))):
+                reached_config = launches
+        if reached is None and meets(_measured(t)):
+            reached, reached_trial = launches, t.number
+    values = [v for t in trials if (v := _measured(t)) is not None]
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
+    return {
+        "trials": len(trials),
+        "launched": launches,
+        "pruned_by_simulation": sum(t.user_attrs.get("status") == SIMULATION_PRUNED for t in trials),
+        "refused_before_launch": sum(t.user_attrs.get("status") == "infeasible"
+                                     and t.user_attrs.get("cause") in NOT_LAUNCHED_CAUSES for t in trials),
+        "best": (max(values) if maximize else min(values)) if values else None,
+        "launches_to_target": reached,
+        "trial_reaching_target": reached_trial,
+        "launches_to_target_config": reached_config,
+        "wall_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
+        "order": [t.params for t in trials],
+        "values": [_measured(t) for t in trials],
+        "predicted": [(t.user_attrs.get("predicted_values") or [None])[0] for t in trials],
+        "status": [t.user_attrs.get("status") for t in trials],
+    }
+
+
+def compare_launches(full: optuna.Study, others: dict[str, optuna.Study], tolerance: float = 0.05) -> dict[str, Any]:
+    """The full grid (`full`, every configuration launched) sets the best and the target (within `tolerance` of it);
+    each study, the full one included, is counted by `study_launches` against that target and the full grid's
+    per-configuration values. `rerun` rows compare each configuration's value in every other study with the full
+    grid's (relative difference), the run-to-run spread the 5 % target has to stand against."""
+    if len(full.directions) != 1:
+        raise ValueError("needs single-objective studies (goodput, cost or max-load)")
+    maximize = full.direction == optuna.study.StudyDirection.MAXIMIZE
+    reference = {_key(t.params): v for t in full.get_trials(deepcopy=False) if (v := _measured(t)) is not None}
+    if not reference:
+        raise ValueError(f"study {full.study_name!r} has no measured configuration")
+    best = max(reference.values()) if maximize else min(reference.values())
+    target = best * (1 - tolerance) if maximize else best * (1 + tolerance)
+    best_params = json.loads(next(k for k, v in reference.items() if v == best))
+    studies = {"full": study_launches(full, target, maximize, reference)}
+    same_value: dict[str, list[dict[str, Any]]] = {}
+    for name, study in others.items():
+        studies[name] = study_launches(study, target, maximize, reference)
+        rows = []
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            value, ref = _measured(t), reference.get(_key(t.params))
+            if value is not None and ref is not None:
+                rows.append({"params": t.params, "full": ref, name: value,
+                             "relative": (value - ref) / ref if ref else None})
+        same_value[name] = rows
+    return {"tolerance": tolerance, "direction": "maximize" if maximize else "minimize", "best": best,
+            "best_params": best_params, "target": target, "studies": studies, "same_configuration": same_value,
+            "same_order": {name: s["order"] == studies["full"]["order"] for name, s in studies.items()}}
+
+
+def open_single_study(where: str) -> optuna.Study:
+    """A `bench tune` output directory (its tune.db) or a storage URL holding exactly one study."""
+    if "://" not in where and not Path(where, "tune.db").is_file():
+        raise ValueError(f"{where} has no tune.db (give a `bench tune` output directory or a storage URL)")
+    url = where if "://" in where else f"sqlite:///{Path(where, 'tune.db').resolve()}"
+    names = optuna.get_all_study_names(url)
+    if len(names) != 1:
+        raise ValueError(f"{where} holds {len(names)} studies ({names}); expected one")
+    return optuna.load_study(study_name=names[0], storage=url)
