@@ -19,15 +19,13 @@ import json
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from sweep.launcher import ServerProcess, ServerStartError, free_port, launch
+from sweep.launcher import ServerProcess, free_port, launch
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_CPP = "llama.cpp"
@@ -51,23 +49,6 @@ def llama_cpp_command(gguf: Path, alias: str, port: int, threads: int, n_ctx: in
             "--n_threads_batch", str(threads), "--interrupt_requests", "False"]  # fmt: skip
 
 
-class LlamaCppServer(ServerProcess):
-    """llama.cpp's server has no /health: it is ready once /v1/models answers."""
-
-    def wait_healthy(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + self.health_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"llama_cpp.server exited; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/models", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise ServerStartError(f"llama_cpp.server did not answer within {self.health_timeout_s:.0f} s")
-
-
 def run_sweep(url: str, model: str, concurrency: list[int], num_prompts: int, input_len: int, output_len: int,
               out: Path) -> list[dict[str, Any]]:  # fmt: skip
     """One `bench sweep` (the same client for every target); its points."""
@@ -88,7 +69,8 @@ def start_target(target: str, model: str, gguf: Path, threads: int | None, n_ctx
     if target == LLAMA_CPP:
         port = free_port()
         command = llama_cpp_command(gguf, model, port, threads or 2, n_ctx)
-        return LlamaCppServer(command=command, host="127.0.0.1", port=port, log_path=log).start()
+        server = ServerProcess(command=command, host="127.0.0.1", port=port, log_path=log, health_path="/v1/models")
+        return server.start()
     knobs: dict[str, Any] = {"quantization": target, "max_model_len": n_ctx}
     if threads is not None:
         knobs["cpu_threads"] = threads

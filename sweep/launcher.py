@@ -79,6 +79,7 @@ class ServerProcess:
     log_path: Path
     health_timeout_s: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"  # a server without /health (llama.cpp's) is ready once another route answers 200
     process: subprocess.Popen | None = None
 
     @property
@@ -121,7 +122,7 @@ class ServerProcess:
     def wait_healthy(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.health_timeout_s
-        health = f"http://{self.host}:{self.port}/health"
+        health = f"http://{self.host}:{self.port}{self.health_path}"
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:

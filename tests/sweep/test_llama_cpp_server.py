@@ -10,12 +10,8 @@ from re-tokenising the streamed text, as vLLM's client does without usage."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +19,8 @@ import pytest
 
 import sweep
 from engine.model_files import smollm2_gguf_path
-from sweep.launcher import free_port
+from sweep.compare_llama_cpp import llama_cpp_command
+from sweep.launcher import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180
@@ -31,44 +28,14 @@ START_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Started as `bench compare-llama-cpp` starts it (its command, ready once /v1/models answers)."""
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(smollm2_gguf_path()),
-        "--model_alias",
-        "smollm2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "1024",
-        "--n_threads",
-        "2",
-        "--interrupt_requests",
-        "False",
-    ]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert process.poll() is None, f"llama_cpp.server exited:\n{log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{url}/models", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, f"llama_cpp.server did not start:\n{log.read_text()[-3000:]}"
-                time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+    command = llama_cpp_command(smollm2_gguf_path(), "smollm2", port, threads=2, n_ctx=1024)
+    server = ServerProcess(command=command, host="127.0.0.1", port=port, log_path=log,
+                           health_timeout_s=START_TIMEOUT_S, health_path="/v1/models")  # fmt: skip
+    with server:
+        yield server.url
 
 
 @pytest.mark.slow
