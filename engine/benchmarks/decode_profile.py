@@ -133,6 +133,8 @@ def decode_profile(
 
     if input_len < 1 or output_len < 3:
         raise typer.BadParameter("--input-len must be >= 1, --output-len >= 3")
+    if llama_cpp and model != "smollm2-135m":
+        raise typer.BadParameter("--llama-cpp loads the default model's GGUF: use --no-llama-cpp with --model")
     previous_threads = torch.get_num_threads()
     result: dict[str, Any] = {"input_len": input_len, "output_len": output_len, "threads": threads}
     try:
@@ -143,8 +145,6 @@ def decode_profile(
     finally:
         torch.set_num_threads(previous_threads)
     if llama_cpp:
-        if model != "smollm2-135m":
-            raise typer.BadParameter("--llama-cpp loads the default model's GGUF: use --no-llama-cpp with --model")
         result["llama.cpp"] = profile_llama_cpp(smollm2_gguf_path(), input_len, output_len, threads or 2)
     for name, record in result.items():
         if not isinstance(record, dict):
