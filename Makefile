@@ -22,7 +22,7 @@ model: install
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
