@@ -98,10 +98,11 @@ def tune_launches(
                       str(s["refused_before_launch"]), fmt(s["best"], ".4g"), fmt(s["launches_to_target"]),
                       fmt(s["launches_to_target_config"]), fmt(s["wall_s"], ".0f"), str(result["same_order"][name]))
     console.print(table)
-    for name, rows in result["same_configuration"].items():
-        if rows:
-            rel = [abs(r["relative"]) for r in rows if r["relative"] is not None]
-            console.print(f"{name} vs full, same configuration: {len(rows)} pairs, |difference| median "
-                          f"{sorted(rel)[len(rel) // 2]:.1%}, max {max(rel):.1%}" if rel else f"{name}: no pairs")
+    for name, spread in result["same_configuration_spread"].items():
+        if spread["median"] is not None:
+            console.print(f"{name} vs full, same configuration: {spread['pairs']} pairs, |difference| median "
+                          f"{spread['median']:.1%}, max {spread['max']:.1%}")
+        elif spread["pairs"]:
+            console.print(f"{name}: no pairs")
     if output_json:
         output_json.write_text(json.dumps(result, indent=1, default=str))
