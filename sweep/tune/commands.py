@@ -113,10 +113,16 @@ def tune(
     grid: bool = typer.Option(False, help="Measure every combination of the space once (Optuna GridSampler) "
                               "instead of TPE; --n-trials defaults to the grid's size."),
     simulate_first: Path | None = typer.Option(
-        None, help="A `bench profile` JSON: simulate every configuration first; launch only those not predicted "
-        "infeasible or worse than the best measured by --prune-margin."
+        None, help="A `bench profile` JSON: simulate every configuration first; launch all but those predicted "
+        "infeasible, or worse than the best measured trial by --prune-margin even with --prune-step-error faster "
+        "steps (docs/TUNE.md)."
     ),
-    prune_margin: float = typer.Option(0.2, help="--simulate-first: prune predictions this much worse than the best."),
+    prune_margin: float = typer.Option(0.2, help="--simulate-first: prune predictions this much worse than the "
+                                       "reference (the best measured trial's value or, if lower, its prediction)."),
+    prune_step_error: str = typer.Option(
+        "profile", help="--simulate-first: before pruning, simulate again with every step 1/(1+E) as long; E is "
+        "'profile' (the profile's leave-one-out max step-time error) or a number >= 0 (0: no second simulation)."
+    ),
     cost_per_hour: float | None = typer.Option(
         None, help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it)."
     ),
@@ -169,13 +175,15 @@ def tune(
             quality_guard = QualityGuard(QualityGuardConfig(model, parse_max_quality_loss(max_quality_loss),
                                                             window=quality_window, num_tokens=quality_tokens,
                                                             chunk_tokens=quality_chunk))
-        profile = None
+        profile, step_error = None, 0.0
         if simulate_first is not None:
             from sweep.simulate_run import load_profile
+            from sweep.tune.simulate_first import resolve_step_error
 
             profile = load_profile(simulate_first)
             if profile.knobs.get("model") not in (None, model):
                 raise ValueError(f"--simulate-first {simulate_first} profiles {profile.knobs['model']}, not {model}")
+            step_error = resolve_step_error(prune_step_error, profile)
         mode = "rate" if request_rate is not None else "concurrency"
         load = request_rate if request_rate is not None else (concurrency or (1 if objective == "max-load" else 8))
         spec = ObjectiveSpec(
@@ -238,6 +246,8 @@ def tune(
         "repeats": repeats,
         "trial_timeout_s": trial_timeout or None,
         **({"max_quality_loss": quality_guard.config.max_loss} if quality_guard else {}),
+        **({"simulate_first": str(simulate_first), "prune_margin": prune_margin, "prune_step_error": step_error}
+           if profile is not None else {}),
     }
     optuna.logging.set_verbosity(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -257,10 +267,12 @@ def tune(
     if profile is not None:
         from sweep.tune.simulate_first import SimulatedBackend, SimulateFirstObjective
 
+        simulator = SimulatedBackend(profile, trial_workload)
         try:
             tune_objective: TuneObjective = SimulateFirstObjective(
                 search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len,
-                simulator=SimulatedBackend(profile, trial_workload), margin=prune_margin, quality_guard=quality_guard,
+                simulator=simulator, margin=prune_margin, quality_guard=quality_guard, step_error=step_error,
+                optimistic=simulator.optimistic(step_error) if step_error > 0 else None,
             )  # fmt: skip
         except ValueError as err:
             console.print(f"[red]error:[/red] {err}")
