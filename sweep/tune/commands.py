@@ -265,14 +265,14 @@ def tune(
     backend = EngineBackend(trial_workload, launch_command=launch_command, startup_timeout_s=startup_timeout,
                             trial_timeout_s=trial_timeout or None)
     if profile is not None:
-        from sweep.tune.simulate_first import SimulatedBackend, SimulateFirstObjective
+        from sweep.tune.simulate_first import SimulateFirstObjective, simulators
 
-        simulator = SimulatedBackend(profile, trial_workload)
+        nominal, optimistic = simulators(profile, trial_workload, step_error)
         try:
             tune_objective: TuneObjective = SimulateFirstObjective(
                 search_space, spec, backend, output_dir, repeats=repeats, model_max_len=model_max_len,
-                simulator=simulator, margin=prune_margin, quality_guard=quality_guard, step_error=step_error,
-                optimistic=simulator.optimistic(step_error) if step_error > 0 else None,
+                simulator=nominal, optimistic=optimistic, step_error=step_error, margin=prune_margin,
+                quality_guard=quality_guard,
             )  # fmt: skip
         except ValueError as err:
             console.print(f"[red]error:[/red] {err}")

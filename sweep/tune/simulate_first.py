@@ -129,6 +129,13 @@ class SimulatedBackend:
         yield lambda repeat: measure
 
 
+def simulators(profile: Any, workload: TrialWorkload, step_error: float) -> tuple[SimulatedBackend,
+                                                                                  SimulatedBackend | None]:
+    """The nominal simulator and the optimistic one (None when `step_error` is 0: the prediction decides alone)."""
+    nominal = SimulatedBackend(profile, workload)
+    return nominal, (nominal.optimistic(step_error) if step_error > 0 else None)
+
+
 class SimulateFirstObjective(TuneObjective):
     """A TuneObjective that simulates each trial first and launches all but the hopeless ones.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import TrialState
 from tune_fakes import FakeBackend
@@ -19,6 +20,7 @@ from sweep.tune.simulate_first import (
     Unpredictable,
     profile_step_error,
     resolve_step_error,
+    simulators,
 )
 from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import best_trials, open_study, run_study, storage_url
@@ -261,8 +263,8 @@ def test_the_optimistic_simulation_runs_every_step_faster_by_the_profiles_error(
     loaded.cost_model.fit_error.pop("loo_max_rel_error")
     assert profile_step_error(loaded) == 0.1  # too few steps for leave-one-out: the in-sample max
     workload = TrialWorkload(model="tiny-random", input_len=16, output_len=4, num_prompts=4, slo={"ttft_ms": 1000.0})
-    nominal = SimulatedBackend(load_profile(profile), workload)
-    fast = nominal.optimistic(0.25)
+    nominal, fast = simulators(load_profile(profile), workload, 0.25)
+    assert fast is not None and simulators(load_profile(profile), workload, 0.0)[1] is None
     shape = StepShape(num_prefill_tokens=16, num_decode_seqs=3, decode_context_tokens=60, num_prefill_seqs=1)
     assert fast.profile.cost_model.step_time(shape) == pytest.approx(nominal.profile.cost_model.step_time(shape) / 1.25)
     points = {}
@@ -274,16 +276,22 @@ def test_the_optimistic_simulation_runs_every_step_faster_by_the_profiles_error(
     assert (tmp_path / "t0" / "simulated").is_dir() and (tmp_path / "t0" / "simulated_optimistic").is_dir()
 
 
-def test_tune_command_refuses_a_bad_step_error_before_any_trial(tmp_path: Path) -> None:
+def test_tune_command_refuses_a_bad_step_error_and_keeps_the_prune_settings(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from cli import app
 
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"kind": "servelab-step-profile", "knobs": {"model": "tiny-random"},
-                                   "cost_model": {"coefficients": {"overhead": 0.01}}}))  # fmt: skip
-    result = CliRunner().invoke(app, ["tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir",
-                                      str(tmp_path / "out"), "--simulate-first", str(profile),
-                                      "--prune-step-error", "-0.2"])  # fmt: skip
+                                   "cost_model": {"coefficients": {"overhead": 0.01},
+                                                  "fit_error": {"loo_max_rel_error": 0.3}}}))  # fmt: skip
+    base = ["tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir", str(tmp_path / "out"),
+            "--simulate-first", str(profile)]
+    result = CliRunner().invoke(app, [*base, "--prune-step-error", "-0.2"])
     assert result.exit_code == 2 and "--prune-step-error must be 'profile'" in result.output
     assert not (tmp_path / "out" / "tune.db").exists()
+    result = CliRunner().invoke(app, [*base, "--n-trials", "0", "--prune-margin", "0.1"])  # the settings, no trial
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'out' / 'tune.db'}")
+    assert {k: study.user_attrs[k] for k in ("simulate_first", "prune_margin", "prune_step_error")} == {
+        "simulate_first": str(profile), "prune_margin": 0.1, "prune_step_error": 0.3}
