@@ -119,6 +119,31 @@ def test_without_the_optimistic_simulation_the_step_still_prunes(tmp_path: Path)
     assert sorted(pruned) == [1, 8] and pruned[8]["optimistic"] is None and pruned[8]["reference"]["value"] == 4.0
 
 
+def test_missing_attainment_is_timing_and_gets_the_faster_simulation_but_a_refused_configuration_does_not(
+    tmp_path: Path,
+) -> None:
+    def refused(knobs: dict) -> bool:
+        return knobs["max_num_seqs"] == 2
+
+    real = FakeBackend(capacity)
+    simulated = FakeBackend(lambda k: 0.5, cannot_start=refused)  # misses the SLO at load 1
+    optimistic = FakeBackend(lambda k: 1.0, cannot_start=refused)  # passes it with faster steps
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "sf5", spec, seed=0, info={})
+    for seqs in (1, 2):
+        study.enqueue_trial({"max_num_seqs": seqs})
+    objective = SimulateFirstObjective(space(tmp_path), spec, real, tmp_path, simulator=simulated,
+                                       optimistic=optimistic, step_error=0.5)  # fmt: skip
+    run_study(study, objective, 2, None, show_progress=False)
+    assert [k["max_num_seqs"] for k in real.launched] == [1]
+    assert [k["max_num_seqs"] for k in optimistic.launched] == [1]  # the refused one is not simulated again
+    first, second = study.get_trials()
+    assert first.state == TrialState.COMPLETE and first.user_attrs["prune_decision"]["optimistic"] == 1.0
+    assert "misses attainment" in first.user_attrs["prune_decision"]["reason"]
+    assert second.state == TrialState.PRUNED and second.user_attrs["error"].startswith("predicted infeasible")
+    assert second.user_attrs["prune_decision"]["decision"] == "prune"
+
+
 def test_a_prediction_close_to_the_best_is_launched_and_a_hopeless_one_is_not(tmp_path: Path) -> None:
     real = FakeBackend(capacity)
     simulated = FakeBackend(lambda k: 0.5 if k["max_num_seqs"] == 1 else capacity(k))  # misses the SLO at load 1
