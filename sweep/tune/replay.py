@@ -216,7 +216,15 @@ def compare_launches(full: optuna.Study, others: dict[str, optuna.Study], tolera
         same_value[name] = rows
     return {"tolerance": tolerance, "direction": "maximize" if maximize else "minimize", "best": best,
             "best_params": best_params, "target": target, "studies": studies, "same_configuration": same_value,
+            "same_configuration_spread": {name: relative_spread(rows) for name, rows in same_value.items()},
             "same_order": {name: s["order"] == studies["full"]["order"] for name, s in studies.items()}}
+
+
+def relative_spread(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pairs of one configuration measured in two studies: how many, and the median and max |relative difference|
+    (None without a pair)."""
+    rel = [abs(r["relative"]) for r in rows if r["relative"] is not None]
+    return {"pairs": len(rows), "median": statistics.median(rel) if rel else None, "max": max(rel, default=None)}
 
 
 def open_single_study(where: str) -> optuna.Study:

@@ -99,6 +99,22 @@ def _quality_cell(trial: FrozenTrial) -> str:
     return "" if loss is None else f"{100 * loss:+.2f} %"
 
 
+def _prediction_cell(trial: FrozenTrial) -> str:
+    """The prediction and, with --simulate-first, what the launch-or-prune decision was based on."""
+    text = ", ".join(f"{v:.4g}" for v in trial.user_attrs.get("predicted_values") or [])
+    decision = trial.user_attrs.get("prune_decision")
+    if not decision or "predicted" not in decision:
+        return text
+    parts = [decision["decision"]]
+    if decision.get("optimistic") is not None:
+        parts.append(f"optimistic {decision['optimistic']:.4g} (steps {decision['step_error']:.0%} faster)")
+    if ref := decision.get("reference"):
+        predicted = "-" if ref["predicted"] is None else f"{ref['predicted']:.4g}"
+        parts.append(f"reference {ref['value']:.4g} = #{ref['trial']} (measured {ref['measured']:.4g}, predicted "
+                     f"{predicted}), margin {decision['margin']:.0%}")
+    return f"{text}: {'; '.join(parts)}"
+
+
 def _trial_row(trial: FrozenTrial, param_names: list[str], quality: bool) -> str:
     status = trial.user_attrs.get("status", trial.state.name.lower())
     css = "infeasible" if status == "infeasible" else "pruned" if trial.state == TrialState.PRUNED else ""
@@ -111,7 +127,7 @@ def _trial_row(trial: FrozenTrial, param_names: list[str], quality: bool) -> str
         f"{status} ({cause})" if cause else status,
         values,
         ", ".join(f"{s:.3g}" for s in spread) if spread else "",
-        ", ".join(f"{v:.4g}" for v in trial.user_attrs.get("predicted_values") or []),
+        _prediction_cell(trial),
         *([_quality_cell(trial)] if quality else []),
     ]
     cells += [str(trial.params.get(p, "")) for p in param_names]

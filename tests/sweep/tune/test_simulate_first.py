@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import TrialState
 from tune_fakes import FakeBackend
@@ -12,7 +13,15 @@ from tune_fakes import FakeBackend
 from sweep.simulate_run import load_profile
 from sweep.tune.backend import TrialWorkload
 from sweep.tune.objective import NO_COST, Infeasible, ObjectiveSpec, fixed_load_evaluation
-from sweep.tune.simulate_first import PRUNED_STATUS, SimulatedBackend, SimulateFirstObjective, Unpredictable
+from sweep.tune.simulate_first import (
+    PRUNED_STATUS,
+    SimulatedBackend,
+    SimulateFirstObjective,
+    Unpredictable,
+    profile_step_error,
+    resolve_step_error,
+    simulators,
+)
 from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import best_trials, open_study, run_study, storage_url
 
@@ -47,10 +56,92 @@ def test_simulate_first_launches_only_promising_configurations(tmp_path: Path) -
     assert [k["max_num_seqs"] for k in simulated.launched] == [8, 1, 2, 4]
     for seqs in (1, 2, 4):
         assert trials[seqs].state == TrialState.PRUNED and trials[seqs].user_attrs["status"] == PRUNED_STATUS
-        assert "best measured 8" in trials[seqs].user_attrs["error"]
+        assert "reference 8 (#0)" in trials[seqs].user_attrs["error"]
         assert trials[seqs].user_attrs["predicted_values"] == [float(seqs)]  # whole streams below 1.1 x seqs
     assert trials[8].values == [8.0] and trials[8].user_attrs["predicted_values"] == [8.0]
     assert best_trials(study)[0].params["max_num_seqs"] == 8
+
+
+# The recorded replay's failure (docs/BENCHMARKS.md, run 2), x4: #4 is measured first (6.4, predicted 4.0: the
+# simulation 1.6x pessimistic there); #8, the best (7.2), sits on a TTFT step in its nominal simulation (2.8) and
+# clears it with faster steps (4.4); #1 is hopeless either way. The old rule (prediction against the best
+# measured) pruned #8: 2.8 < 0.8 x 6.4.
+REAL = {4: 6.4, 8: 7.2, 1: 1.2}
+NOMINAL = {4: 4.0, 8: 2.8, 1: 1.2}
+OPTIMISTIC = {4: 5.0, 8: 4.4, 1: 1.6}
+
+
+def _goodput_study(tmp_path: Path, name: str, optimistic: FakeBackend | None):
+    real, simulated = FakeBackend(lambda k: REAL[k["max_num_seqs"]]), FakeBackend(lambda k: NOMINAL[k["max_num_seqs"]])
+    spec = ObjectiveSpec(kind="goodput", load=8)
+    (tmp_path / name).mkdir()
+    study = open_study(storage_url(None, tmp_path / name), name, spec, seed=0, info={})
+    for seqs in (4, 8, 1):
+        study.enqueue_trial({"max_num_seqs": seqs})
+    objective = SimulateFirstObjective(space(tmp_path), spec, real, tmp_path / name, simulator=simulated,
+                                       margin=0.2, optimistic=optimistic, step_error=0.38)  # fmt: skip
+    run_study(study, objective, 3, None, show_progress=False)
+    return study, real, simulated
+
+
+def test_a_step_in_the_prediction_does_not_prune_the_best(tmp_path: Path) -> None:
+    optimistic = FakeBackend(lambda k: OPTIMISTIC[k["max_num_seqs"]])
+    study, real, simulated = _goodput_study(tmp_path, "step", optimistic)
+    # reference: #4's prediction 4.0 (below its measured 6.4), threshold 3.2; #8: 2.8 < 3.2, but 4.4 with faster
+    # steps: launched
+    assert [k["max_num_seqs"] for k in real.launched] == [4, 8]
+    assert [k["max_num_seqs"] for k in simulated.launched] == [4, 8, 1]
+    assert [k["max_num_seqs"] for k in optimistic.launched] == [8, 1]  # only where the prediction alone prunes
+    trials = {t.params["max_num_seqs"]: t for t in study.get_trials()}
+    assert best_trials(study)[0].params["max_num_seqs"] == 8 and trials[8].values == [7.2]
+    reference = {"trial": 0, "measured": 6.4, "predicted": 4.0, "value": 4.0}
+    first = trials[4].user_attrs["prune_decision"]
+    assert first["decision"] == "launch" and first["reference"] is None and first["optimistic"] is None
+    best = trials[8].user_attrs["prune_decision"]
+    assert best == {"decision": "launch", "predicted": 2.8, "optimistic": 4.4, "reference": reference,
+                    "margin": 0.2, "step_error": 0.38, "reason": best["reason"]}
+    assert "2.8 < reference 4 (#0) by more than 20%" in best["reason"] and "38% faster" in best["reason"]
+    hopeless = trials[1]
+    assert hopeless.state == TrialState.PRUNED and hopeless.user_attrs["status"] == PRUNED_STATUS
+    decision = hopeless.user_attrs["prune_decision"]
+    assert (decision["decision"], decision["predicted"], decision["optimistic"]) == ("prune", 1.2, 1.6)
+    # #8 is now the best measured (7.2, predicted 2.8): the reference is 2.8, threshold 2.24
+    assert decision["reference"] == {"trial": 1, "measured": 7.2, "predicted": 2.8, "value": 2.8}
+    assert "1.6 < reference 2.8 (#1)" in hopeless.user_attrs["error"]
+
+
+def test_without_the_optimistic_simulation_the_step_still_prunes(tmp_path: Path) -> None:
+    """Comparing like with like alone (4.0 x 0.8 = 3.2) does not clear the 2.8 step: the optimistic bound is needed."""
+    study, real, _ = _goodput_study(tmp_path, "nominal", None)
+    assert [k["max_num_seqs"] for k in real.launched] == [4]
+    pruned = {t.params["max_num_seqs"]: t.user_attrs["prune_decision"] for t in study.get_trials()
+              if t.state == TrialState.PRUNED}  # fmt: skip
+    assert sorted(pruned) == [1, 8] and pruned[8]["optimistic"] is None and pruned[8]["reference"]["value"] == 4.0
+
+
+def test_missing_attainment_is_timing_and_gets_the_faster_simulation_but_a_refused_configuration_does_not(
+    tmp_path: Path,
+) -> None:
+    def refused(knobs: dict) -> bool:
+        return knobs["max_num_seqs"] == 2
+
+    real = FakeBackend(capacity)
+    simulated = FakeBackend(lambda k: 0.5, cannot_start=refused)  # misses the SLO at load 1
+    optimistic = FakeBackend(lambda k: 1.0, cannot_start=refused)  # passes it with faster steps
+    spec = ObjectiveSpec(max_load=16)
+    study = open_study(storage_url(None, tmp_path), "sf5", spec, seed=0, info={})
+    for seqs in (1, 2):
+        study.enqueue_trial({"max_num_seqs": seqs})
+    objective = SimulateFirstObjective(space(tmp_path), spec, real, tmp_path, simulator=simulated,
+                                       optimistic=optimistic, step_error=0.5)  # fmt: skip
+    run_study(study, objective, 2, None, show_progress=False)
+    assert [k["max_num_seqs"] for k in real.launched] == [1]
+    assert [k["max_num_seqs"] for k in optimistic.launched] == [1]  # the refused one is not simulated again
+    first, second = study.get_trials()
+    assert first.state == TrialState.COMPLETE and first.user_attrs["prune_decision"]["optimistic"] == 1.0
+    assert "misses attainment" in first.user_attrs["prune_decision"]["reason"]
+    assert second.state == TrialState.PRUNED and second.user_attrs["error"].startswith("predicted infeasible")
+    assert second.user_attrs["prune_decision"]["decision"] == "prune"
 
 
 def test_a_prediction_close_to_the_best_is_launched_and_a_hopeless_one_is_not(tmp_path: Path) -> None:
@@ -64,7 +155,7 @@ def test_a_prediction_close_to_the_best_is_launched_and_a_hopeless_one_is_not(tm
     run_study(study, objective, 3, None, show_progress=False)
     assert [k["max_num_seqs"] for k in real.launched] == [4, 8]  # 8 beats the best (4): launched
     pruned = [t for t in study.get_trials() if t.state == TrialState.PRUNED]
-    assert [t.params["max_num_seqs"] for t in pruned] == [1] and "miss attainment" in pruned[0].user_attrs["error"]
+    assert [t.params["max_num_seqs"] for t in pruned] == [1] and "misses attainment" in pruned[0].user_attrs["error"]
 
 
 def test_simulate_first_refuses_pareto_and_a_bad_margin(tmp_path: Path) -> None:
@@ -177,3 +268,55 @@ def test_speculative_configurations_are_launched_unpredicted(tmp_path: Path) -> 
     (trial,) = study.get_trials()
     assert [k["speculative_config"] for k in real.launched] == [ngram]
     assert trial.state == TrialState.COMPLETE and "does not model speculative" in trial.user_attrs["prediction"]
+
+
+def test_the_optimistic_simulation_runs_every_step_faster_by_the_profiles_error(tmp_path: Path) -> None:
+    from engine.executor.cost_model import StepShape
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kind": "servelab-step-profile", "knobs": {"model": "tiny-random"}, "kv_cache": {"tokens": 4096},
+        "cost_model": {"coefficients": {"overhead": 0.01, "tokens": 0.001}, "serving": {"per_seq": 0.002},
+                       "fit_error": {"max_rel_error": 0.1, "loo_max_rel_error": 0.25}},
+    }))  # fmt: skip
+    loaded = load_profile(profile)
+    assert profile_step_error(loaded) == 0.25 == resolve_step_error("profile", loaded)
+    assert resolve_step_error("0", loaded) == 0.0 and resolve_step_error("0.5", loaded) == 0.5
+    for bad in ("-0.1", "nan", "inf", "fast"):
+        with pytest.raises(ValueError, match="--prune-step-error must be 'profile' or a relative step-time error"):
+            resolve_step_error(bad, loaded)
+    loaded.cost_model.fit_error.pop("loo_max_rel_error")
+    assert profile_step_error(loaded) == 0.1  # too few steps for leave-one-out: the in-sample max
+    workload = TrialWorkload(model="tiny-random", input_len=16, output_len=4, num_prompts=4, slo={"ttft_ms": 1000.0})
+    nominal, fast = simulators(load_profile(profile), workload, 0.25)
+    assert fast is not None and simulators(load_profile(profile), workload, 0.0)[1] is None
+    shape = StepShape(num_prefill_tokens=16, num_decode_seqs=3, decode_context_tokens=60, num_prefill_seqs=1)
+    assert fast.profile.cost_model.step_time(shape) == pytest.approx(nominal.profile.cost_model.step_time(shape) / 1.25)
+    points = {}
+    for name, backend in (("nominal", nominal), ("fast", fast)):
+        with backend.launch({"max_num_seqs": 2, "max_model_len": 128}, tmp_path / "t0") as for_repeat:
+            points[name] = for_repeat(0)(4)
+    assert points["fast"]["median_ttft_ms"] < points["nominal"]["median_ttft_ms"]
+    assert points["fast"]["request_throughput"] > points["nominal"]["request_throughput"]
+    assert (tmp_path / "t0" / "simulated").is_dir() and (tmp_path / "t0" / "simulated_optimistic").is_dir()
+
+
+def test_tune_command_refuses_a_bad_step_error_and_keeps_the_prune_settings(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"kind": "servelab-step-profile", "knobs": {"model": "tiny-random"},
+                                   "cost_model": {"coefficients": {"overhead": 0.01},
+                                                  "fit_error": {"loo_max_rel_error": 0.3}}}))  # fmt: skip
+    base = ["tune", "--model", "tiny-random", "--slo", "ttft=500", "--output-dir", str(tmp_path / "out"),
+            "--simulate-first", str(profile)]
+    result = CliRunner().invoke(app, [*base, "--prune-step-error", "-0.2"])
+    assert result.exit_code == 2 and "--prune-step-error must be 'profile'" in result.output
+    assert not (tmp_path / "out" / "tune.db").exists()
+    result = CliRunner().invoke(app, [*base, "--n-trials", "0", "--prune-margin", "0.1"])  # the settings, no trial
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'out' / 'tune.db'}")
+    assert {k: study.user_attrs[k] for k in ("simulate_first", "prune_margin", "prune_step_error")} == {
+        "simulate_first": str(profile), "prune_margin": 0.1, "prune_step_error": 0.3}

@@ -42,7 +42,7 @@ def _study(storage: str | None, trials: list[optuna.trial.FrozenTrial]) -> optun
 FULL = [_trial(1, "ok", 10, 0), _trial(2, "constraint", at=10), _trial(3, "ok", 19.5, 20), _trial(4, "ok", 20, 40),
         _trial(5, "start", at=90)]  # best 20 (x=4), target 19 (5 %); launched: 1, 3, 4, 5
 SIMFIRST = [_trial(1, "sim", at=0), _trial(2, "constraint", at=1), _trial(3, "ok", 18.5, 2),
-            _trial(4, "ok", 21, 20), _trial(5, "sim", at=30)]  # x=3 measured below target here (noise), x=4 above
+            _trial(4, "ok", 22, 20), _trial(5, "sim", at=30)]  # x=3 measured below target here (noise), x=4 above
 
 
 def test_launches_to_near_best_hand_computed() -> None:
@@ -56,13 +56,16 @@ def test_launches_to_near_best_hand_computed() -> None:
     assert (full["launches_to_target"], full["trial_reaching_target"], full["launches_to_target_config"]) == (2, 2, 2)
     assert full["best"] == 20 and full["wall_s"] == 100
     assert [sf[k] for k in counts] == [5, 2, 2, 1]
-    # x=3 measured 18.5 (< 19) at launch 1, x=4 measured 21 at launch 2; by the full grid's values x=3 (19.5) counts
+    # x=3 measured 18.5 (< 19) at launch 1, x=4 measured 22 at launch 2; by the full grid's values x=3 (19.5) counts
     assert (sf["launches_to_target"], sf["trial_reaching_target"], sf["launches_to_target_config"]) == (2, 3, 1)
-    assert sf["best"] == 21 and sf["wall_s"] == 40
+    assert sf["best"] == 22 and sf["wall_s"] == 40
     assert r["same_order"] == {"full": True, "simfirst": True}
     pairs = r["same_configuration"]["simfirst"]
-    assert [(p["params"]["x"], p["full"], p["simfirst"]) for p in pairs] == [(3, 19.5, 18.5), (4, 20, 21)]
-    assert pairs[0]["relative"] == pytest.approx(-1 / 19.5) and pairs[1]["relative"] == pytest.approx(0.05)
+    assert [(p["params"]["x"], p["full"], p["simfirst"]) for p in pairs] == [(3, 19.5, 18.5), (4, 20, 22)]
+    assert pairs[0]["relative"] == pytest.approx(-1 / 19.5) and pairs[1]["relative"] == pytest.approx(0.1)
+    # an even count of pairs: the median is the mean of the middle two, not the upper one
+    spread = r["same_configuration_spread"]["simfirst"]
+    assert spread == {"pairs": 2, "median": pytest.approx((1 / 19.5 + 0.1) / 2), "max": pytest.approx(0.1)}
 
 
 def test_never_reaching_the_target_is_none() -> None:
@@ -82,6 +85,7 @@ def test_the_command_reads_two_tune_directories(tmp_path: Path) -> None:
                                       "--output-json", str(out)], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert "target 19" in result.output
+    assert "2 pairs, |difference| median 7.6%, max 10.0%" in result.output  # (5.1 % + 10 %) / 2
     saved = json.loads(out.read_text())
     assert saved["studies"]["simfirst"]["launches_to_target"] == 2 and saved["studies"]["full"]["launched"] == 4
     bad = CliRunner().invoke(app, ["tune-launches", str(tmp_path / "full"), str(tmp_path / "sf")])

@@ -55,3 +55,21 @@ def test_the_best_sweep_report_comes_from_the_renderer_handed_in(tmp_path: Path)
     assert calls == [([run_dir], run_dir / "report", {"ttft_ms": 500.0})]
     assert render_best_sweep_report(render, str(tmp_path / "missing")) is None
     assert render_best_sweep_report(render, None) is None and len(calls) == 1
+
+
+def test_the_trial_table_shows_what_a_simulate_first_decision_was_based_on() -> None:
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    from sweep.tune.report import trial_table
+
+    decision = {"decision": "launch", "predicted": 2.8, "optimistic": 4.4, "margin": 0.2, "step_error": 0.38,
+                "reference": {"trial": 0, "measured": 6.4, "predicted": 4.0, "value": 4.0}, "reason": "..."}
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(value=7.2, params={"max_num_seqs": 8},
+                                 distributions={"max_num_seqs": CategoricalDistribution([4, 8])},
+                                 user_attrs={"status": "ok", "predicted_values": [2.8], "prune_decision": decision}))
+    table = html.unescape(trial_table(study))
+    assert ("<td>2.8: launch; optimistic 4.4 (steps 38% faster); reference 4 = #0 (measured 6.4, predicted 4), "
+            "margin 20%</td>") in table
