@@ -19,7 +19,7 @@ $B profile --prefill-tokens 16,64,256,1024,2048 --decode-seqs 1,4,16 --context-l
   --max-model-len 4096 --output "$O/profile.json" | tee "$O/profile.txt"
 log profile done
 # Calibration (fits the serving terms and the hand-over): random 128/32 at 1 and 8 streams, default knobs; then
-# 1024-token prompts at 4 streams, whose serial hand-over (~7 us a prompt token) fits the per-token term.
+# 1024-token prompts at 4 streams, handed over one by one (a few us a prompt token): the per-token term.
 $B $S --workload random --input-len 128 --output-len 32 --concurrency 1,8 --num-prompts 16 --output-dir "$O/cal"
 log cal done
 $B $S --workload random --input-len 1024 --output-len 4 --max-model-len 2048 --concurrency 4 --num-prompts 8 \
