@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ class ApiProcess:
     _tokenizer_free: float = -math.inf
     _send_times: list[float] = field(default_factory=list)
     _parsed: list[float] = field(default_factory=list)  # nondecreasing, as the loop is serial
-    _pending: list[_Pending] = field(default_factory=list)  # in send order, which is hand-over order
+    _pending: deque[_Pending] = field(default_factory=deque)  # in send order, which is hand-over order
 
     def send(self, time: float, num_prompt_tokens: int, request: Any = None, record: Any = None) -> None:
         parsed = max(time, self._loop_free) + self.per_request
@@ -69,7 +70,7 @@ class ApiProcess:
             time = self.hand_over_time(self._pending[0].tokenised)
             if time > now:
                 break
-            pending = self._pending.pop(0)
+            pending = self._pending.popleft()
             done.append((time, pending.request, pending.record))
         return done
 
