@@ -15,6 +15,13 @@ simulated point's mean running sequences, non-negatively and on relative error:
 A decode step's time is what a TPOT measures, so the terms are what each step is missing. Because queueing makes
 the prediction non-linear in the step time, the fit is repeated on the refitted profile until the terms settle
 (`rounds`). Calibrate on runs that the validation does not use.
+
+The hand-over terms (the API process's time per request and per prompt token before a request reaches the
+engine, sweep/simulate_api.py) are fitted first, from the runs' own timestamps rather than by simulation: each
+request's client send time and the server's `received_time` (when the API process handed it to the engine, same
+machine clock after `epoch_offset`) are replayed through the hand-over model, minimising the absolute error
+(a request stalled by a new connection does not move the fit). With one prompt length in every run the per-token
+term cannot be told from the per-request one and is 0. Runs without those timestamps leave the terms out.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class CalibrationPoint:
     measured_tpot_ms: float
     predicted_tpot_ms: float
     running_seqs: float
+    measured_ttft_ms: float | None = None
+    predicted_ttft_ms: float | None = None
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
@@ -93,6 +102,7 @@ def calibration_points(run_dirs: list[Path], profile: Profile, scratch: Path) ->
                 CalibrationPoint(
                     str(run_dir), label, float(measured["median_tpot_ms"]), float(simulated["median_tpot_ms"]),
                     float(simulated["simulation"]["mean_running_seqs"]),
+                    measured.get("median_ttft_ms"), simulated.get("median_ttft_ms"),
                 )
             )  # fmt: skip
     return points
@@ -113,17 +123,84 @@ def fit_terms(points: list[CalibrationPoint]) -> dict[str, float]:
     return {"step_overhead": float(terms[0]), "per_seq": float(terms[1]) if len(terms) > 1 else 0.0}
 
 
+@dataclass
+class HandOverSample:
+    """One measured point's requests: client send times, prompt tokens and hand-over times (seconds, one clock)."""
+
+    send_times: list[float]
+    prompt_tokens: list[int]
+    handed_times: list[float]
+
+
+def hand_over_samples(run_dirs: list[Path]) -> list[HandOverSample]:
+    """Every point's successful requests that carry the server's `received_time` and `epoch_offset`."""
+    samples = []
+    for run_dir in run_dirs:
+        run_config(run_dir)
+        points: dict[str, HandOverSample] = {}
+        with open(run_dir / "requests.jsonl") as rows:
+            for line in rows:
+                row = json.loads(line)
+                timing = row.get("server_timing") or {}
+                if not row.get("success") or timing.get("received_time") is None or not row.get("prompt_tokens"):
+                    continue
+                sample = points.setdefault(row["label"], HandOverSample([], [], []))
+                sample.send_times.append(float(row["send_time"]))
+                sample.prompt_tokens.append(int(row["prompt_tokens"]))
+                sample.handed_times.append(float(timing["received_time"]) - float(timing.get("epoch_offset") or 0.0))
+        samples += points.values()
+    return samples
+
+
+def fit_hand_over(samples: list[HandOverSample], iterations: int = 30) -> dict[str, float]:
+    """Non-negative hand-over terms minimising the absolute error of the replayed hand-over times. The model is
+    piecewise linear in the terms, so each iteration linearises it where it stands (finite differences) and
+    solves a reweighted non-negative least squares (iteratively reweighted: an L1 fit)."""
+    from engine.executor.cost_model import nnls
+    from sweep.simulate_api import replay
+
+    if not any(s.send_times for s in samples):
+        raise ValueError("no request has the server's received_time: cannot fit the hand-over")
+    one_length = len({n for s in samples for n in s.prompt_tokens}) < 2
+    measured = np.concatenate([np.subtract(s.handed_times, s.send_times) for s in samples])
+
+    def predict(a: float, b: float) -> np.ndarray:
+        return np.concatenate([np.subtract(replay(s.send_times, s.prompt_tokens, a, b), s.send_times) for s in samples])
+
+    terms = np.array([1e-3, 0.0])
+    for _ in range(iterations):
+        base, step = predict(*terms), 1e-7
+        jacobian = np.stack([(predict(*(terms + step * unit)) - base) / step for unit in np.eye(2)], axis=1)
+        if one_length:
+            jacobian[:, 1] = 0.0
+        weights = 1.0 / np.maximum(np.abs(measured - base), 1e-4)
+        target = measured - base + jacobian @ terms
+        columns = 1 if one_length else 2
+        solved = nnls(jacobian[:, :columns] * np.sqrt(weights)[:, None], target * np.sqrt(weights))
+        new = np.concatenate([solved, np.zeros(2 - columns)])
+        if np.abs(new - terms).max() < 1e-7:
+            terms = new
+            break
+        terms = new
+    return {"hand_over_per_request": float(terms[0]), "hand_over_per_prompt_token": float(terms[1])}
+
+
 def calibrate(profile: Profile, run_dirs: list[Path], rounds: int = 3) -> dict[str, Any]:
-    """The profile's JSON with `cost_model.serving` fitted to `run_dirs` and a `serving_calibration` record."""
+    """The profile's JSON with `cost_model.serving` fitted to `run_dirs` (the step terms, and the hand-over
+    terms when the runs have the server's timestamps) and a `serving_calibration` record. The first round, the
+    "before", simulates the bare profile; the later rounds and the "after" include the hand-over."""
     from engine.executor.cost_model import CostModel
 
     data = copy.deepcopy(profile.data)
     data["cost_model"].pop("serving", None)
     serving: dict[str, float] = {"step_overhead": 0.0, "per_seq": 0.0}
+    samples = hand_over_samples(run_dirs)
+    hand_over = fit_hand_over(samples) if any(s.send_times for s in samples) else {}
     history = []
     with tempfile.TemporaryDirectory(prefix="profile-serving-") as scratch:
         for round_index in range(rounds):
-            model = CostModel.from_dict({**data["cost_model"], "serving": serving})
+            terms = serving if round_index == 0 else {**serving, **hand_over}
+            model = CostModel.from_dict({**data["cost_model"], "serving": terms})
             current = Profile(profile.path, {**data, "cost_model": model.to_dict()}, model)
             points = calibration_points(run_dirs, current, Path(scratch) / f"round{round_index}")
             history.append([dataclasses.asdict(p) for p in points])
@@ -131,18 +208,29 @@ def calibrate(profile: Profile, run_dirs: list[Path], rounds: int = 3) -> dict[s
             serving = {k: max(serving[k] + delta[k], 0.0) for k in serving}
             if abs(delta["step_overhead"]) + abs(delta["per_seq"]) * 8 < 1e-4:  # < 0.1 ms at 8 sequences
                 break
-        model = CostModel.from_dict({**data["cost_model"], "serving": serving})
+        model = CostModel.from_dict({**data["cost_model"], "serving": {**serving, **hand_over}})
         final = calibration_points(run_dirs, Profile(profile.path, data, model), Path(scratch) / "final")
     data["cost_model"] = model.to_dict()
     errors = [abs(p.predicted_tpot_ms - p.measured_tpot_ms) / p.measured_tpot_ms for p in final]
     data["serving_calibration"] = {
         "runs": [str(r) for r in run_dirs],
         "terms": serving,
+        "hand_over": hand_over or None,
+        "hand_over_requests": sum(len(s.send_times) for s in samples),
         "points_before": history[0],
         "points_after": [dataclasses.asdict(p) for p in final],
         "tpot_mean_rel_error_before": float(
             np.mean([abs(p["predicted_tpot_ms"] - p["measured_tpot_ms"]) / p["measured_tpot_ms"] for p in history[0]])
         ),
         "tpot_mean_rel_error_after": float(np.mean(errors)),
+        "ttft_mean_rel_error_before": ttft_error(history[0]),
+        "ttft_mean_rel_error_after": ttft_error([dataclasses.asdict(p) for p in final]),
     }
     return data
+
+
+def ttft_error(points: list[dict[str, Any]]) -> float | None:
+    """Mean relative error of the predicted median TTFT over the points that have both."""
+    pairs = [(p["predicted_ttft_ms"], p["measured_ttft_ms"]) for p in points if p.get("measured_ttft_ms")]
+    pairs = [(predicted, measured) for predicted, measured in pairs if predicted is not None]
+    return float(np.mean([abs(p - m) / m for p, m in pairs])) if pairs else None

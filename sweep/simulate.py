@@ -8,7 +8,10 @@ a concurrency cap, or gamma/Poisson arrivals at a rate), each request's max_toke
 ignore_eos. A request joins the engine at the first step boundary after it is sent, as a server polls its queue
 between steps; one sent exactly at a boundary (a closed-loop client refilling a slot when a request finishes)
 joins at the next one unless the engine is idle, since a real client's round trip is longer than zero and the
-engine has started its next step by then. Its tokens are "streamed" at the end of the step that produced them.
+engine has started its next step by then. With the profile's hand-over terms (sweep/simulate_api.py) a request
+instead reaches the engine when the API process hands it over, serially after the requests sent before it: it
+joins the first step boundary at or after that, and an idle engine starts its step at the first hand-over with
+only the requests handed over by then. Its tokens are "streamed" at the end of the step that produced them.
 
 Prompts are token ids made from the workload specs, not synthesized text: each request's ids are its own except a
 shared system prompt (`prefix_group`, `prefix_len`) or Mooncake hash ids (`prefix_ids`), which map to the same ids
@@ -37,6 +40,7 @@ from engine.executor.simulated import SimulatedExecutor, VirtualClock
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from sweep.records import RequestRecord
+from sweep.simulate_api import ApiProcess
 
 TOKEN_ID_RANGE = (1000, 30000)  # ids prompts are drawn from: clear of special tokens, inside any real vocabulary
 
@@ -111,9 +115,11 @@ def simulate_point(
     concurrency: int | None,
     duration: float | None = None,
     on_done: Callable[[], None] | None = None,
+    hand_over: tuple[float, float] | None = None,
 ) -> SimulatedPoint:
     """Send `requests[i]` at virtual time `offsets[i]` (later while `concurrency` are in flight; not at all at or
-    after `duration`), run the engine step by step until every sent request finishes."""
+    after `duration`), run the engine step by step until every sent request finishes. `hand_over`: the API
+    process's (seconds per request, seconds per prompt token) before a sent request reaches the engine."""
     clock = executor.clock
     timer = SchedulerTimer(core, clock)
     wall_start, cpu_start = time.perf_counter(), time.process_time()
@@ -121,6 +127,8 @@ def simulate_point(
     order = deque(sorted(range(len(requests)), key=lambda i: offsets[i]))
     in_flight = freed = 0
     sent_at_boundary: list[tuple[SimulatedRequest, RequestRecord]] = []
+    api = ApiProcess(*hand_over) if hand_over is not None else None
+    arrivals: dict[str, float] = {}  # engine arrival (hand-over) times, when they differ from the send
 
     def admit(before_now: bool, idle: bool = False) -> None:
         """Send due requests while the cap allows: those due before this step boundary count against the
@@ -147,7 +155,9 @@ def simulate_point(
                 client_prompt_tokens=len(request.prompt_token_ids),
             )
             in_flight += 1
-            if before_now or idle:
+            if api is not None:
+                api.send(send, record.prompt_tokens or 0, request, record)
+            elif before_now or idle:
                 enter(request, record)
             else:
                 sent_at_boundary.append((request, record))
@@ -173,10 +183,17 @@ def simulate_point(
         in_flight -= freed
         freed = 0
         admit(before_now=False, idle=not core.has_unfinished_requests())
+        if api is not None:
+            for handed, request, record in api.handed_over(clock.now):
+                arrivals[str(request.index)] = handed
+                enter(request, record)
         if not core.has_unfinished_requests():
-            if not order:
+            upcoming = [t for t in [api.next_hand_over() if api is not None else None] if t is not None]
+            if order and (api is None or concurrency is None or in_flight < concurrency):
+                upcoming.append(offsets[order[0]])
+            if not upcoming:
                 break
-            clock.now = max(clock.now, offsets[order[0]])
+            clock.now = max(clock.now, min(upcoming))
             continue
         for output in core.step():
             record = records[output.request_id]
@@ -189,7 +206,7 @@ def simulate_point(
                 record.last_token_time = record.end_time = clock.now
                 record.output_tokens = record.client_output_tokens = sum(record.chunk_tokens)
                 record.server_timing = {
-                    "arrival_time": record.send_time,
+                    "arrival_time": arrivals.get(output.request_id, record.send_time),
                     "first_scheduled_time": timer.first_scheduled.get(output.request_id),
                     "first_token_time": record.first_token_time,
                     "num_preemptions": output.timing.num_preemptions if output.timing else None,

@@ -131,8 +131,9 @@ def profile_serving(
     measured: list[Path] = typer.Option(..., help="A measured `bench sweep` run directory to calibrate on; repeat."),
     output: Path = typer.Option(..., help="Where to write the calibrated profile."),
 ) -> None:
-    """Fit the profile's serving terms (engine-core and API cost per step and per sequence) to measured runs, so
-    `bench simulate` predicts a served engine rather than the bare model runner (sweep/serving_fit.py)."""
+    """Fit the profile's serving terms (engine-core and API cost per step and per sequence, and the API process's
+    hand-over per request and per prompt token) to measured runs, so `bench simulate` predicts a served engine
+    rather than the bare model runner (sweep/serving_fit.py)."""
     import json
 
     from sweep.serving_fit import calibrate
@@ -151,6 +152,17 @@ def profile_serving(
         f"sequence; calibration TPOT mean error {100 * record['tpot_mean_rel_error_before']:.1f} % -> "
         f"{100 * record['tpot_mean_rel_error_after']:.1f} %"
     )
+    hand_over = record.get("hand_over")
+    if hand_over:
+        before, after = record["ttft_mean_rel_error_before"], record["ttft_mean_rel_error_after"]
+        typer.echo(
+            f"hand-over: {hand_over['hand_over_per_request'] * 1e3:.2f} ms per request + "
+            f"{hand_over['hand_over_per_prompt_token'] * 1e6:.2f} us per prompt token (from "
+            f"{record['hand_over_requests']} requests' server timestamps); calibration TTFT mean error "
+            + (f"{100 * before:.1f} % -> {100 * after:.1f} %" if before is not None and after is not None else "n/a")
+        )
+    else:
+        typer.echo("hand-over: not fitted (the runs lack the server's received_time); requests join when sent")
     typer.echo(f"profile: {output}")
 
 

@@ -205,7 +205,7 @@ class Simulator:
                 "launch_template": None,
                 "profile": str(cfg.profile.path),
                 "profile_machine": cfg.profile.data.get("machine"),
-                "cost_model": cfg.profile.cost_model.to_dict(),
+                "cost_model": cfg.profile.cost_model.to_dict(),  # serving: step and hand-over terms
                 "num_gpu_blocks": self.num_blocks,
             },
             "workload": {**asdict(cfg.workload), "salt": self.salt},
@@ -254,7 +254,12 @@ class Simulator:
         max_model_len = self.engine_config.model_config.max_model_len
         executor = SimulatedExecutor(cfg.profile.cost_model, self.num_blocks, max_model_len)
         core = EngineCore(self.engine_config, executor=executor)
-        simulated = simulate_point(core, executor, requests, offsets, spec.concurrency, spec.duration)
+        hand_over = cfg.profile.cost_model.hand_over
+        simulated = simulate_point(
+            core, executor, requests, offsets, spec.concurrency, spec.duration, hand_over=hand_over
+        )
+        if hand_over is not None:
+            simulated.stats["hand_over"] = dict(zip(("per_request_s", "per_prompt_token_s"), hand_over, strict=True))
         metrics = calculate_metrics(
             simulated.records, simulated.duration, cfg.percentiles, cfg.slo, spec.concurrency is not None
         )

@@ -253,6 +253,7 @@ class OpenAIServing(ABC):
             "num_cached_tokens": timing.num_cached_tokens,
             "epoch_offset": self.info.epoch_offset,
             "received_time": generation.streams[0].received_epoch,
+            "api_arrival_time": generation.streams[0].api_arrival,  # API-process monotonic: the handler's start
             "queue_time": between(timing.arrival_time, timing.first_scheduled_time),
             "prefill_time": between(timing.first_scheduled_time, timing.first_token_time),
             "decode_time": between(timing.first_token_time, timing.finished_time),

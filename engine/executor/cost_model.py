@@ -17,6 +17,9 @@ detokenisation, SSE framing and HTTP write (on a CPU machine, on the same cores 
 `serving` terms, fitted from measured `bench sweep` runs (sweep/serving_fit.py, `bench profile-serving`):
 
     t_served = t + serving.step_overhead + serving.per_seq * seqs
+
+The same `serving` object may hold the API process's hand-over terms (HAND_OVER_TERMS, seconds per request and per
+prompt token), which delay a request's entry into the engine rather than any step (sweep/simulate_api.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from engine.scheduler_output import SchedulerOutput
 DEFAULT_BREAKPOINTS = (16, 128, 512)
 FEATURES = ("overhead", "tokens", "seqs", "decode_context_tokens", "prefill_attention_kpairs")
 SERVING_TERMS = ("step_overhead", "per_seq")  # seconds per step, seconds per sequence in the step
+HAND_OVER_TERMS = ("hand_over_per_request", "hand_over_per_prompt_token")  # API process: seconds; none: no delay
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,14 @@ class CostModel:
             t += self.serving.get("step_overhead", 0.0) + self.serving.get("per_seq", 0.0) * shape.num_seqs
         return t
 
+    @property
+    def hand_over(self) -> tuple[float, float] | None:
+        """(seconds per request, seconds per prompt token) of the API process's hand-over; None when the
+        profile has neither term (requests reach the engine when sent)."""
+        if not any(name in self.serving for name in HAND_OVER_TERMS):
+            return None
+        return tuple(self.serving.get(name, 0.0) for name in HAND_OVER_TERMS)  # type: ignore[return-value]
+
     def _vector(self) -> np.ndarray:
         return np.array([self.coefficients.get(name, 0.0) for name in feature_names(self.breakpoints)])
 
@@ -104,7 +116,7 @@ class CostModel:
         except (TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"cost model: serving terms: {type(e).__name__}: {e}") from None
         unknown = set(coefficients) - set(feature_names(breakpoints))
-        unknown |= {f"serving.{k}" for k in set(serving) - set(SERVING_TERMS)}
+        unknown |= {f"serving.{k}" for k in set(serving) - set(SERVING_TERMS) - set(HAND_OVER_TERMS)}
         if unknown:
             raise ValueError(f"cost model: unknown coefficient(s) {sorted(unknown)}")
         if any(v < 0 or not np.isfinite(v) for v in [*coefficients.values(), *serving.values()]):

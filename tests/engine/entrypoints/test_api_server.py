@@ -64,6 +64,7 @@ def test_completion_matches_openai_shape(client: openai.OpenAI) -> None:
     assert timing["num_preemptions"] == 0 and timing["num_cached_tokens"] >= 0
     assert timing["queue_time"] >= 0 and timing["prefill_time"] >= 0 and timing["decode_time"] >= 0
     assert abs(timing["received_time"] - (timing["arrival_time"] + timing["epoch_offset"])) < 60
+    assert timing["api_arrival_time"] <= timing["arrival_time"]  # one monotonic clock: the handler starts first
 
 
 def test_streamed_completion_equals_whole_and_reports_usage(client: openai.OpenAI) -> None:
