@@ -33,22 +33,19 @@ def hash_block_tokens(
     return digest.digest()
 
 
-def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, known: list[BlockHash] | None = None, parent: BlockHash | None = None
-) -> list[BlockHash]:
-    """Hashes of every full block of `token_ids`, extending the already computed chain `known`; or, with
-    `parent`, of `token_ids` as the blocks that follow the block hashed `parent` (only the new hashes).
+def hash_full_blocks(token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
+    """Hashes of every full block of `token_ids`, taken as the blocks that follow the block hashed `parent` (the
+    chain's root when None); a partial last block is skipped.
 
     The same digests as hash_block_tokens block by block, with the token ids packed to bytes once."""
-    hashes = list(known) if known else []
-    start = len(hashes) * block_size
-    num_new = (len(token_ids) - start) // block_size
-    if num_new <= 0:
-        return hashes
-    data = array("q", token_ids[start : start + num_new * block_size]).tobytes()
+    num_blocks = len(token_ids) // block_size
+    if num_blocks <= 0:
+        return []
+    data = array("q", token_ids[: num_blocks * block_size]).tobytes()
     step = block_size * array("q").itemsize
-    parent = hashes[-1] if hashes else parent if parent is not None else ROOT_BLOCK_HASH
+    parent = parent if parent is not None else ROOT_BLOCK_HASH
     sha256 = hashlib.sha256
+    hashes = []
     for offset in range(0, len(data), step):
         parent = sha256(parent + data[offset : offset + step]).digest()
         hashes.append(parent)
