@@ -213,7 +213,7 @@ class Scheduler:
         sampling = scheduler_output.sampling_requests()
         if len(sampled_token_ids) != len(sampling):
             raise ValueError(f"{len(sampled_token_ids)} sampled rows for {len(sampling)} sampling requests")
-        if sampled_token_ids and max(map(len, sampled_token_ids)) != 1:  # C-speed scan; the loop only with drafts
+        if sampled_token_ids and set(map(len, sampled_token_ids)) != {1}:  # C-speed scan; the loop only with drafts
             for scheduled, tokens in zip(sampling, sampled_token_ids, strict=True):
                 if len(tokens) != 1 and not 1 <= len(tokens) <= 1 + len(scheduled.spec_token_ids):
                     raise ValueError(

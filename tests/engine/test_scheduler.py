@@ -274,6 +274,18 @@ def test_update_rejects_more_tokens_than_the_step_verified() -> None:
         scheduler.update_from_output(output, [[1, 2, 3]])
 
 
+def test_update_rejects_an_empty_row_next_to_one_token_rows_and_changes_nothing() -> None:
+    scheduler = make_scheduler()
+    for request_id in "ab":
+        scheduler.add_request(make_request(request_id, 4))
+    run_step(scheduler)
+    output = scheduler.schedule()
+    before = [(r.num_computed_tokens, list(r.output_token_ids)) for r in scheduler.running]
+    with pytest.raises(ValueError, match="0 tokens for a step with 0 drafts"):
+        scheduler.update_from_output(output, [[1], []])
+    assert [(r.num_computed_tokens, list(r.output_token_ids)) for r in scheduler.running] == before
+
+
 @pytest.mark.parametrize(
     ("budget", "max_tokens", "max_model_len", "expected"),
     [
