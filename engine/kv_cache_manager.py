@@ -119,20 +119,6 @@ class KVCacheManager:
         self._update_slot_limit(request_id)
         return new_blocks
 
-    def has_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """The common decode step in O(1): True when the request's block table already has slots for
-        `num_new_tokens` more known tokens, after registering the blocks they fill (what allocate_slots with no
-        hits and no lookahead, then cache_blocks, would do). False changes nothing: call allocate_slots."""
-        blocks = self.req_to_blocks.get(request.request_id)
-        num_tokens_after = request.num_computed_tokens + num_new_tokens
-        if blocks is None or num_tokens_after > len(blocks) * self.block_size:
-            return False
-        if self.enable_caching and num_tokens_after // self.block_size > self.num_cached_blocks.get(
-            request.request_id, 0
-        ):
-            self.cache_blocks(request, num_tokens_after)
-        return True
-
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full once its first `num_tokens` known tokens have KV."""
         if not self.enable_caching:

@@ -131,16 +131,15 @@ class Scheduler:
             if drafts:
                 drafts = self._drafts_within_limits(request, num_new_tokens, budget)
             if drafts or num_computed + num_new_tokens > slot_limit_of[request.request_id]:
-                if drafts or not manager.has_slots(request, num_new_tokens):
-                    while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
-                        # Victims come from the tail, past `request`, so none of them was scheduled yet this step.
-                        victim = running.pop()
-                        self._preempt(victim)
-                        preempted.append(victim)
-                        if victim is request:
-                            break
-                    if request.status != RequestStatus.RUNNING:
+                while not self._allocate(request, num_new_tokens, num_lookahead_tokens=len(drafts)):
+                    # Victims come from the tail, past `request`, so none of them was scheduled yet this step.
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is request:
                         break
+                if request.status != RequestStatus.RUNNING:
+                    break
             num_scheduled = num_new_tokens + len(drafts)
             scheduled.append(
                 ScheduledRequest(

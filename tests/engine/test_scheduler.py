@@ -328,7 +328,7 @@ def test_requests_admitted_in_one_step_share_the_blocks_it_computes() -> None:
 
 
 class _NoFastPath(dict):
-    """A slot-limit table that sends every running request down has_slots/allocate_slots, as before the fast path."""
+    """A slot-limit table that sends every running request through allocate_slots and cache_blocks every step."""
 
     def __getitem__(self, request_id: str) -> int:
         return -1
