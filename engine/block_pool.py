@@ -33,22 +33,24 @@ def hash_block_tokens(
     return digest.digest()
 
 
-def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, known: list[BlockHash] | None = None, parent: BlockHash | None = None
-) -> list[BlockHash]:
-    """Hashes of every full block of `token_ids`, extending the already computed chain `known`; or, with
-    `parent`, of `token_ids` as the blocks that follow the block hashed `parent` (only the new hashes).
+_TOKEN_BYTES = array("q").itemsize
+
+
+def hash_full_blocks(token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
+    """Hashes of every full block of `token_ids`, taken as the blocks that follow the block hashed `parent` (the
+    chain's root when None); a partial last block is skipped.
 
     The same digests as hash_block_tokens block by block, with the token ids packed to bytes once."""
-    hashes = list(known) if known else []
-    start = len(hashes) * block_size
-    num_new = (len(token_ids) - start) // block_size
-    if num_new <= 0:
-        return hashes
-    data = array("q", token_ids[start : start + num_new * block_size]).tobytes()
-    step = block_size * array("q").itemsize
-    parent = hashes[-1] if hashes else parent if parent is not None else ROOT_BLOCK_HASH
+    num_tokens = len(token_ids) // block_size * block_size
+    if num_tokens == 0:
+        return []
+    data = array("q", token_ids if num_tokens == len(token_ids) else token_ids[:num_tokens]).tobytes()
+    parent = parent if parent is not None else ROOT_BLOCK_HASH
     sha256 = hashlib.sha256
+    if num_tokens == block_size:  # a decode filling one block: the common call
+        return [sha256(parent + data).digest()]
+    step = block_size * _TOKEN_BYTES
+    hashes = []
     for offset in range(0, len(data), step):
         parent = sha256(parent + data[offset : offset + step]).digest()
         hashes.append(parent)
@@ -157,12 +159,14 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take blocks from the LRU head, evicting any cached prefix they hold."""
-        if num_blocks > self.get_num_free_blocks():
-            raise ValueError(f"cannot get {num_blocks} blocks: only {self.get_num_free_blocks()} free")
+        free_queue = self.free_block_queue
+        if num_blocks > len(free_queue):
+            raise ValueError(f"cannot get {num_blocks} blocks: only {len(free_queue)} free")
         new_blocks = []
         for _ in range(num_blocks):
-            block = self.free_block_queue.popleft()
-            self._evict(block)
+            block = free_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
             assert block.ref_cnt == 0, f"{block} was in the free queue with references"
             block.ref_cnt = 1
             new_blocks.append(block)

@@ -24,7 +24,12 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.req_to_block_ids: dict[str, list[int]] = {}  # the same tables as ids, kept in step with req_to_blocks
+        # The same tables as ids. A list here is replaced, never changed in place, when its table grows: a step's
+        # SchedulerOutput shares it instead of copying it (tables grow once per block_size decode steps).
+        self.req_to_block_ids: dict[str, list[int]] = {}
+        # Per request: a step that leaves it at most this many tokens with KV needs no allocate_slots/cache_blocks
+        # call (its slots exist and it fills no unregistered block). The scheduler's decode fast path reads it.
+        self.req_to_slot_limit: dict[str, int] = {}
         # Hash chain of each request's full blocks, grown as tokens arrive; kept across preemption.
         self.req_to_block_hashes: dict[str, list[BlockHash]] = {}
         # How many leading blocks of each request are already registered in the prefix cache.
@@ -44,9 +49,13 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """A copy of the request's block table as ids (a list copy, not a walk over the blocks: it runs for every
-        scheduled request every step)."""
+        """The request's block table as ids (a copy)."""
         return list(self.req_to_block_ids.get(request_id, ()))
+
+    def shared_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as ids, shared rather than copied: the manager never changes this list (a
+        grown table is a new list), so it stays the table as of now. Callers must not mutate it."""
+        return self.req_to_block_ids.get(request_id, [])
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a new request, in whole blocks, never covering its last token
@@ -78,46 +87,37 @@ class KVCacheManager:
 
         Returns the newly allocated blocks, or None (and changes nothing) if the pool is short.
         """
+        request_id = request.request_id
         hits = new_computed_blocks or []
-        blocks = self.req_to_blocks.get(request.request_id, [])
+        blocks = self.req_to_blocks.get(request_id)
+        num_held = len(blocks) + len(hits) if blocks is not None else len(hits)
         num_tokens_after = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_required = cdiv(num_tokens_after + num_lookahead_tokens, self.block_size) - len(blocks) - len(hits)
+        num_required = -(-(num_tokens_after + num_lookahead_tokens) // self.block_size) - num_held  # cdiv
         if num_required <= 0 and not hits and blocks:
             return []  # the common decode step: its slots are already reserved
+        free_queue = self.block_pool.free_block_queue
         # Hits sitting in the free queue stop being allocatable once touched.
-        num_free_hits = sum(1 for block in hits if block.ref_cnt == 0)
-        if num_required > self.num_free_blocks() - num_free_hits:
+        num_free_hits = sum(1 for block in hits if block.ref_cnt == 0) if hits else 0
+        if num_required > len(free_queue) - num_free_hits:
             return None
         if self.enable_caching and request.num_computed_tokens == 0 and not blocks:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_new_computed_tokens
-        self.block_pool.touch(hits)
-        blocks = self.req_to_blocks.setdefault(request.request_id, blocks)
-        blocks.extend(hits)
+        if blocks is None:
+            blocks = self.req_to_blocks[request_id] = []
+        if hits:  # before get_new_blocks, which must not take a hit from the free queue
+            self.block_pool.touch(hits)
+            blocks += hits
+            num_cached = self.num_cached_blocks.get(request_id, 0)
+            self.num_cached_blocks[request_id] = max(num_cached, len(hits))
         new_blocks = self.block_pool.get_new_blocks(num_required) if num_required > 0 else []
-        blocks.extend(new_blocks)
         if hits or new_blocks:
-            block_ids = self.req_to_block_ids.setdefault(request.request_id, [])
-            block_ids.extend(block.block_id for block in hits)
-            block_ids.extend(block.block_id for block in new_blocks)
-        if hits:
-            num_cached = self.num_cached_blocks.get(request.request_id, 0)
-            self.num_cached_blocks[request.request_id] = max(num_cached, len(hits))
+            blocks += new_blocks
+            self.req_to_block_ids[request_id] = self.req_to_block_ids.get(request_id, []) + [
+                block.block_id for block in (hits + new_blocks if hits else new_blocks)
+            ]
+        self._update_slot_limit(request_id)
         return new_blocks
-
-    def has_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """The common decode step in O(1): True when the request's block table already has slots for
-        `num_new_tokens` more known tokens, after registering the blocks they fill (what allocate_slots with no
-        hits and no lookahead, then cache_blocks, would do). False changes nothing: call allocate_slots."""
-        blocks = self.req_to_blocks.get(request.request_id)
-        num_tokens_after = request.num_computed_tokens + num_new_tokens
-        if blocks is None or num_tokens_after > len(blocks) * self.block_size:
-            return False
-        if self.enable_caching and num_tokens_after // self.block_size > self.num_cached_blocks.get(
-            request.request_id, 0
-        ):
-            self.cache_blocks(request, num_tokens_after)
-        return True
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full once its first `num_tokens` known tokens have KV."""
@@ -133,11 +133,13 @@ class KVCacheManager:
         for index in range(start, num_full):
             self.block_pool.cache_full_block(blocks[index], hashes[index])
         self.num_cached_blocks[request_id] = num_full
+        self._update_slot_limit(request_id)
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first. Cached ones stay reusable until evicted."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.req_to_block_ids.pop(request.request_id, None)
+        self.req_to_slot_limit.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_blocks.pop(request.request_id, None)
         if request.is_finished:
@@ -145,6 +147,12 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def _update_slot_limit(self, request_id: str) -> None:
+        num_slots = len(self.req_to_blocks[request_id]) * self.block_size
+        if self.enable_caching:  # the next block to register fills at its last token
+            num_slots = min(num_slots, (self.num_cached_blocks.get(request_id, 0) + 1) * self.block_size - 1)
+        self.req_to_slot_limit[request_id] = num_slots
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The hash chain of the request's first `num_blocks` full blocks (at least), extended in place: only the
@@ -155,6 +163,8 @@ class KVCacheManager:
             prompt, num_prompt = request.prompt_token_ids, request.num_prompt_tokens
             if end <= num_prompt:
                 token_ids = prompt[start:end]
+            elif start >= num_prompt:  # decode: output tokens only
+                token_ids = request.output_token_ids[start - num_prompt : end - num_prompt]
             else:
                 token_ids = prompt[start:] + request.output_token_ids[max(start - num_prompt, 0) : end - num_prompt]
             hashes += hash_full_blocks(token_ids, self.block_size, parent=hashes[-1] if hashes else None)

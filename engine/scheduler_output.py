@@ -19,7 +19,7 @@ from engine.request import Request
 class ScheduledRequest:
     request: Request
     num_scheduled_tokens: int  # known tokens + drafts
-    block_ids: list[int]
+    block_ids: list[int]  # the KV manager's list, shared and never changed by it: do not mutate
     sample: bool  # decided by the scheduler: a partial prefill chunk samples nothing
     spec_token_ids: list[int] = field(default_factory=list)
 

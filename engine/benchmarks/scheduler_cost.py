@@ -10,8 +10,8 @@ reports the same quantity per point under a workload (its `scheduler_cpu_us_per_
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import time
 
 from engine.config import EngineConfig
@@ -42,6 +42,25 @@ def steady_decode_cpu_us(num_running: int, steps: int = 300, warmup_steps: int =
     return statistics.median(times) * 1e6
 
 
-if __name__ == "__main__":
-    for n in [int(a) for a in sys.argv[1:]] or [16, 64, 256]:
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the number of running sequences must be >= 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.benchmarks.scheduler_cost",
+        description="Scheduler + KV manager CPU per step at a steady decode of N running sequences.",
+    )
+    parser.add_argument("num_running", nargs="*", type=_positive_int, default=[16, 64, 256], metavar="N")
+    for n in parser.parse_args(argv).num_running:
         print(f"{n:4d} running: {steady_decode_cpu_us(n):7.1f} us/step (median)")
+
+
+if __name__ == "__main__":
+    main()

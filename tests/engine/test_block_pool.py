@@ -21,13 +21,12 @@ def test_hash_chain_names_the_whole_prefix() -> None:
     assert len(a) == 32
 
 
-def test_hash_full_blocks_skips_the_partial_tail_and_extends_incrementally() -> None:
+def test_hash_full_blocks_skips_the_partial_tail_and_continues_a_chain() -> None:
     tokens = list(range(10))
     hashes = hash_full_blocks(tokens, 4)
     assert len(hashes) == 2
     assert hashes == [hash_block_tokens(None, [0, 1, 2, 3]), hash_block_tokens(hashes[0], [4, 5, 6, 7])]
     assert hash_full_blocks([4, 5, 6, 7, 8], 4, parent=hashes[0]) == hashes[1:]  # the chain's continuation alone
-    assert hash_full_blocks(tokens + [10, 11], 4, known=hashes) == hash_full_blocks(tokens + [10, 11], 4)
 
 
 def test_free_queue_fifo_and_o1_removal() -> None:

@@ -4,8 +4,9 @@ The property test drives the real Scheduler with a fake model runner that stores
 prefix whose KV it would hold, and proposes right and wrong drafts. Every step it checks that each scheduled
 request reads exactly its own prefix at every position (so a prefix-cache hit, even on a block computed in the
 same step, never reads stale, foreign or rejected-draft KV), that drafts are written only into the request's
-own uncached blocks, that reference counts match the block tables, and that the outputs equal the fake
-model's own continuation.
+own uncached blocks, that reference counts match the block tables, that the id tables and the decode fast path's
+slot limits agree with the block tables, that a step's shared block tables never change afterwards, and that the
+outputs equal the fake model's own continuation.
 """
 
 from __future__ import annotations
@@ -158,6 +159,13 @@ def check_block_invariants(scheduler: Scheduler) -> None:
             assert block.block_hash is not None, f"{block} owned twice without being a cached prefix"
     for block_hash, block in pool.cached_block_hash_to_block.items():
         assert block.block_hash == block_hash
+    assert kv.req_to_slot_limit.keys() == kv.req_to_blocks.keys()
+    for request_id, blocks in kv.req_to_blocks.items():
+        assert kv.req_to_block_ids.get(request_id, []) == [block.block_id for block in blocks]
+        limit = len(blocks) * kv.block_size  # the decode fast path's bound: slots exist, no block left to register
+        if kv.enable_caching:
+            limit = min(limit, (kv.num_cached_blocks.get(request_id, 0) + 1) * kv.block_size - 1)
+        assert kv.req_to_slot_limit[request_id] == limit
     for request in scheduler.running:
         assert len(kv.req_to_blocks[request.request_id]) * kv.block_size >= request.num_computed_tokens
     for request in scheduler.waiting:
@@ -216,8 +224,13 @@ def test_block_invariants_under_random_traffic(
     outputs: dict[str, list[int]] = {}
     aborted: set[str] = set()
 
+    earlier_tables: list[tuple[list[int], list[int]]] = []  # the last step's shared block-id lists, and copies
+
     def step() -> None:
         output = scheduler.schedule()
+        # A step's block tables are shared with the KV manager, which replaces a grown table rather than change it.
+        assert all(shared == copy for shared, copy in earlier_tables)
+        earlier_tables[:] = [(s.block_ids, list(s.block_ids)) for s in output.scheduled]
         assert output.total_num_scheduled_tokens <= max_num_batched_tokens
         assert len(output.scheduled) <= max_num_seqs and len(scheduler.running) <= max_num_seqs
         if not enable_chunked_prefill:

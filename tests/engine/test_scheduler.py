@@ -274,6 +274,18 @@ def test_update_rejects_more_tokens_than_the_step_verified() -> None:
         scheduler.update_from_output(output, [[1, 2, 3]])
 
 
+def test_update_rejects_an_empty_row_next_to_one_token_rows_and_changes_nothing() -> None:
+    scheduler = make_scheduler()
+    for request_id in "ab":
+        scheduler.add_request(make_request(request_id, 4))
+    run_step(scheduler)
+    output = scheduler.schedule()
+    before = [(r.num_computed_tokens, list(r.output_token_ids)) for r in scheduler.running]
+    with pytest.raises(ValueError, match="0 tokens for a step with 0 drafts"):
+        scheduler.update_from_output(output, [[1], []])
+    assert [(r.num_computed_tokens, list(r.output_token_ids)) for r in scheduler.running] == before
+
+
 @pytest.mark.parametrize(
     ("budget", "max_tokens", "max_model_len", "expected"),
     [
@@ -313,3 +325,35 @@ def test_requests_admitted_in_one_step_share_the_blocks_it_computes() -> None:
     first_blocks = scheduler.kv_cache_manager.get_block_ids("child0")[:2]
     assert all(scheduler.kv_cache_manager.get_block_ids(f"child{i}")[:2] == first_blocks for i in (1, 2))
     assert scheduler.get_stats().prefix_cache_hits == 16
+
+
+class _NoFastPath(dict):
+    """A slot-limit table that sends every running request through allocate_slots and cache_blocks every step."""
+
+    def __getitem__(self, request_id: str) -> int:
+        return -1
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_the_decode_fast_path_makes_the_same_decisions_as_the_full_slot_check(enable_prefix_caching: bool) -> None:
+    schedulers = [make_scheduler(max_num_seqs=6, max_num_batched_tokens=24, num_blocks=14,
+                                 enable_prefix_caching=enable_prefix_caching) for _ in range(2)]  # fmt: skip
+    manager = schedulers[1].kv_cache_manager
+    manager.req_to_slot_limit = _NoFastPath()
+    for scheduler in schedulers:  # a shared prefix (hits), and more KV than the pool holds (preemption, resume)
+        for i in range(6):
+            scheduler.add_request(make_request(f"r{i}", 9 + i, max_tokens=14, start=10 if i % 2 else 100 + i))
+    num_preempted = 0
+    while schedulers[0].has_unfinished_requests():
+        fast, slow = (run_step(scheduler, token=7) for scheduler in schedulers)
+        (fast_output, fast_core), (slow_output, slow_core) = fast, slow
+        assert [(s.request.request_id, s.num_scheduled_tokens, s.block_ids, s.sample) for s in fast_output.scheduled] \
+            == [(s.request.request_id, s.num_scheduled_tokens, s.block_ids, s.sample) for s in slow_output.scheduled]
+        assert fast_output.preempted_request_ids == slow_output.preempted_request_ids
+        assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in fast_core] == \
+            [(o.request_id, o.new_token_ids, o.finish_reason) for o in slow_core]  # fmt: skip
+        num_preempted += len(fast_output.preempted_request_ids)
+        pools = [scheduler.kv_cache_manager.block_pool for scheduler in schedulers]
+        assert pools[0].cached_block_hash_to_block.keys() == pools[1].cached_block_hash_to_block.keys()
+    assert not schedulers[1].has_unfinished_requests() and num_preempted > 0
+    assert schedulers[0].kv_cache_manager.prefix_cache_hits == manager.prefix_cache_hits
