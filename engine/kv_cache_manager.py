@@ -49,10 +49,6 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as ids (a copy)."""
-        return list(self.req_to_block_ids.get(request_id, ()))
-
-    def shared_block_ids(self, request_id: str) -> list[int]:
         """The request's block table as ids, shared rather than copied: the manager never changes this list (a
         grown table is a new list), so it stays the table as of now. Callers must not mutate it."""
         return self.req_to_block_ids.get(request_id, [])

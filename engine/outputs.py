@@ -22,10 +22,10 @@ class EngineCoreOutput:
     new_token_ids: list[int]
     # Per new token: the sampled token's logprob followed by the top-N, when logprobs were asked for.
     new_logprobs: list[list[Logprob]] | None = None
+    num_prompt_tokens: int = 0  # fourth, so the scheduler builds each step's outputs positionally (cheaper)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     timing: RequestTiming | None = None  # set when the request finishes
-    num_prompt_tokens: int = 0
     # With prompt_logprobs: on the request's first output, per prompt token (None first) token id -> Logprob.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 

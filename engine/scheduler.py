@@ -179,7 +179,7 @@ class Scheduler:
                 ScheduledRequest(
                     request,
                     num_new_tokens,
-                    manager.shared_block_ids(request.request_id),
+                    manager.get_block_ids(request.request_id),
                     sample=request.num_computed_tokens + num_new_tokens >= request.num_tokens,
                 )
             )
@@ -256,13 +256,10 @@ class Scheduler:
                 self.num_prompt_tokens += len(request.prompt_token_ids)
             num_generation_tokens += len(new_token_ids)
             row_logprobs = logprobs[row - 1] if logprobs is not None else None
-            output = EngineCoreOutput(  # positional: keyword arguments cost ~50 ns more per request
+            output = EngineCoreOutput(  # positional: keyword arguments cost ~0.1 us more per request
                 request.request_id,
                 new_token_ids,
                 row_logprobs[: len(new_token_ids)] if row_logprobs is not None else None,
-                None,
-                None,
-                None,
                 len(request.prompt_token_ids),
             )
             if request.status is not running_status:
