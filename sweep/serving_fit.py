@@ -167,21 +167,18 @@ def fit_hand_over(samples: list[HandOverSample], iterations: int = 30) -> dict[s
     def predict(a: float, b: float) -> np.ndarray:
         return np.concatenate([np.subtract(replay(s.send_times, s.prompt_tokens, a, b), s.send_times) for s in samples])
 
+    columns = 1 if one_length else 2  # the terms fitted; the per-token term stays 0 with one prompt length
     terms = np.array([1e-3, 0.0])
     for _ in range(iterations):
         base, step = predict(*terms), 1e-7
-        jacobian = np.stack([(predict(*(terms + step * unit)) - base) / step for unit in np.eye(2)], axis=1)
-        if one_length:
-            jacobian[:, 1] = 0.0
-        weights = 1.0 / np.maximum(np.abs(measured - base), 1e-4)
-        target = measured - base + jacobian @ terms
-        columns = 1 if one_length else 2
-        solved = nnls(jacobian[:, :columns] * np.sqrt(weights)[:, None], target * np.sqrt(weights))
-        new = np.concatenate([solved, np.zeros(2 - columns)])
-        if np.abs(new - terms).max() < 1e-7:
-            terms = new
-            break
+        jacobian = np.stack([(predict(*(terms + step * unit)) - base) / step for unit in np.eye(2)[:columns]], axis=1)
+        weights = np.sqrt(1.0 / np.maximum(np.abs(measured - base), 1e-4))
+        target = measured - base + jacobian @ terms[:columns]
+        new = np.concatenate([nnls(jacobian * weights[:, None], target * weights), np.zeros(2 - columns)])
+        converged = np.abs(new - terms).max() < 1e-7
         terms = new
+        if converged:
+            break
     return {"hand_over_per_request": float(terms[0]), "hand_over_per_prompt_token": float(terms[1])}
 
 
@@ -211,26 +208,28 @@ def calibrate(profile: Profile, run_dirs: list[Path], rounds: int = 3) -> dict[s
         model = CostModel.from_dict({**data["cost_model"], "serving": {**serving, **hand_over}})
         final = calibration_points(run_dirs, Profile(profile.path, data, model), Path(scratch) / "final")
     data["cost_model"] = model.to_dict()
-    errors = [abs(p.predicted_tpot_ms - p.measured_tpot_ms) / p.measured_tpot_ms for p in final]
+    before, after = history[0], [dataclasses.asdict(p) for p in final]
     data["serving_calibration"] = {
         "runs": [str(r) for r in run_dirs],
         "terms": serving,
         "hand_over": hand_over or None,
         "hand_over_requests": sum(len(s.send_times) for s in samples),
-        "points_before": history[0],
-        "points_after": [dataclasses.asdict(p) for p in final],
-        "tpot_mean_rel_error_before": float(
-            np.mean([abs(p["predicted_tpot_ms"] - p["measured_tpot_ms"]) / p["measured_tpot_ms"] for p in history[0]])
-        ),
-        "tpot_mean_rel_error_after": float(np.mean(errors)),
-        "ttft_mean_rel_error_before": ttft_error(history[0]),
-        "ttft_mean_rel_error_after": ttft_error([dataclasses.asdict(p) for p in final]),
+        "points_before": before,
+        "points_after": after,
+        "tpot_mean_rel_error_before": mean_rel_error(before, "tpot"),
+        "tpot_mean_rel_error_after": mean_rel_error(after, "tpot"),
+        "ttft_mean_rel_error_before": mean_rel_error(before, "ttft"),
+        "ttft_mean_rel_error_after": mean_rel_error(after, "ttft"),
     }
     return data
 
 
-def ttft_error(points: list[dict[str, Any]]) -> float | None:
-    """Mean relative error of the predicted median TTFT over the points that have both."""
-    pairs = [(p["predicted_ttft_ms"], p["measured_ttft_ms"]) for p in points if p.get("measured_ttft_ms")]
-    pairs = [(predicted, measured) for predicted, measured in pairs if predicted is not None]
-    return float(np.mean([abs(p - m) / m for p, m in pairs])) if pairs else None
+def mean_rel_error(points: list[dict[str, Any]], metric: str) -> float | None:
+    """Mean relative error of the predicted median `metric` ("tpot" or "ttft") over the points that have both
+    values (every calibration point has both TPOTs; None when no point has both)."""
+    errors = []
+    for point in points:
+        predicted, measured = point[f"predicted_{metric}_ms"], point[f"measured_{metric}_ms"]
+        if predicted is not None and measured:
+            errors.append(abs(predicted - measured) / measured)
+    return float(np.mean(errors)) if errors else None

@@ -188,7 +188,9 @@ def simulate_point(
                 arrivals[str(request.index)] = handed
                 enter(request, record)
         if not core.has_unfinished_requests():
-            upcoming = [t for t in [api.next_hand_over() if api is not None else None] if t is not None]
+            upcoming: list[float] = []
+            if api is not None and (hand_over_time := api.next_hand_over()) is not None:
+                upcoming.append(hand_over_time)
             if order and (api is None or concurrency is None or in_flight < concurrency):
                 upcoming.append(offsets[order[0]])
             if not upcoming:
