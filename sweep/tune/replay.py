@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from sweep.tune.simulate_first import PRUNED_STATUS
 from sweep.tune.study import feasible
 
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
@@ -127,15 +128,17 @@ def load_grid(path: Path) -> dict[str, Any]:
 # --- `bench tune-launches`: engines launched to reach near-best, with and without --simulate-first -------------------
 
 NOT_LAUNCHED_CAUSES = ("constraint", "quality")  # decided before any engine start (vLLM's static rules, perplexity)
-SIMULATION_PRUNED = "pruned by simulation"  # sweep.tune.simulate_first.PRUNED_STATUS
+
+
+def refused_before_launch(trial: optuna.trial.FrozenTrial) -> bool:
+    """Infeasible for a reason decided before any engine start (NOT_LAUNCHED_CAUSES)."""
+    return trial.user_attrs.get("status") == "infeasible" and trial.user_attrs.get("cause") in NOT_LAUNCHED_CAUSES
 
 
 def launched(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether the trial started an engine: not pruned by its simulation, not refused before launch."""
     status = trial.user_attrs.get("status")
-    if status is None or status == SIMULATION_PRUNED:
-        return False
-    return not (status == "infeasible" and trial.user_attrs.get("cause") in NOT_LAUNCHED_CAUSES)
+    return status is not None and status != PRUNED_STATUS and not refused_before_launch(trial)
 
 
 def _measured(trial: optuna.trial.FrozenTrial) -> float | None:
@@ -174,9 +177,8 @@ def study_launches(study: optuna.Study, target: float, maximize: bool,
     return {
         "trials": len(trials),
         "launched": launches,
-        "pruned_by_simulation": sum(t.user_attrs.get("status") == SIMULATION_PRUNED for t in trials),
-        "refused_before_launch": sum(t.user_attrs.get("status") == "infeasible"
-                                     and t.user_attrs.get("cause") in NOT_LAUNCHED_CAUSES for t in trials),
+        "pruned_by_simulation": sum(t.user_attrs.get("status") == PRUNED_STATUS for t in trials),
+        "refused_before_launch": sum(map(refused_before_launch, trials)),
         "best": (max(values) if maximize else min(values)) if values else None,
         "launches_to_target": reached,
         "trial_reaching_target": reached_trial,
