@@ -1,4 +1,9 @@
-"""The `bench` command: one typer app; each package registers its own commands, wired to each other here."""
+"""The `bench` command: one typer app; each package registers its own commands, wired to each other here.
+
+Top level: the commands a user runs (serve, throughput, sweep, soak, tune, simulate, report, gate, compare) and
+four groups: `bench workloads …`, `bench model …` (prepare checkpoints, profile step cost), `bench check …`
+(correctness and machine checks) and `bench lab …` (studies of the tool itself). Old names are hidden aliases.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +23,22 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+model_app = typer.Typer(help="Prepare the default and other checkpoints; profile a model's step cost.", no_args_is_help=True)
+check_app = typer.Typer(help="Correctness and machine checks: kernels, greedy output, quality, GPU.", no_args_is_help=True)
+lab_app = typer.Typer(help="Studies of the tool itself (gate noise, tuner efficiency, simulator fit, ...).", no_args_is_help=True)
 
 # The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
 # get the report renderer and the workload loader from here.
-engine.commands.register(app, load_workload=workloads.load, load_texts=workloads.load_texts)
+groups = {"model": model_app, "check": check_app, "lab": lab_app}
+engine.commands.register(app, groups, load_workload=workloads.load, load_texts=workloads.load_texts)
 workloads.commands.register(app)
-sweep.commands.register(app, render_report=reports.render_report)
-sweep.tune.commands.register(app, render_report=reports.render_report)
-sweep.simulate_commands.register(app, render_report=reports.render_report)
-reports.commands.register(app)
+sweep.commands.register(app, groups, render_report=reports.render_report)
+sweep.tune.commands.register(app, groups, render_report=reports.render_report)
+sweep.simulate_commands.register(app, groups, render_report=reports.render_report)
+reports.commands.register(app, groups)
+app.add_typer(model_app, name="model")
+app.add_typer(check_app, name="check")
+app.add_typer(lab_app, name="lab")
 
 
 if __name__ == "__main__":

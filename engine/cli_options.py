@@ -66,3 +66,18 @@ def with_engine_knobs(command: Command) -> Command:
     with_knobs.__signature__ = signature.replace(parameters=[*positional, *generated, *keyword])  # type: ignore[attr-defined]
     with_knobs.__annotations__ = {p.name: p.annotation for p in [*own, *generated]}
     return with_knobs  # type: ignore[return-value]
+
+
+def renamed_command(command: Command, new_spelling: str) -> Command:
+    """`command` under its old name: the same options and behaviour, after one stderr line naming the new spelling.
+
+    Registered hidden (`app.command(old, hidden=True)(renamed_command(fn, "bench lab gate-study"))`), so
+    `bench --help` lists only the new names while scripts that use an old one keep working for a release.
+    """
+
+    @functools.wraps(command)
+    def run_renamed(*args: Any, **kwargs: Any) -> Any:
+        typer.echo(f"note: this command is now `{new_spelling}`; the old name goes in the next release", err=True)
+        return command(*args, **kwargs)
+
+    return run_renamed  # type: ignore[return-value]

@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 
 
 def register(
-    app: typer.Typer, load_workload: WorkloadLoader | None = None, load_texts: WorkloadLoader | None = None
+    app: typer.Typer,
+    groups: dict[str, typer.Typer],
+    load_workload: WorkloadLoader | None = None, load_texts: WorkloadLoader | None = None
 ) -> None:
     """Add this package's commands to the `bench` app; `bench throughput --workload` draws its lengths with
     `load_workload` (it reaches the command as its context's `obj`), `bench spec-decode` also takes text workloads

@@ -294,7 +294,7 @@ def gate_study(
     typer.echo(f"{summary['trials']} trials; details in {output_dir / 'gate_study.json'}")
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, groups: dict[str, typer.Typer]) -> None:
     """Add this package's commands to the `bench` app."""
     app.command("report")(report)
     app.command("gate")(gate)

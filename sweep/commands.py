@@ -380,7 +380,7 @@ def calibrate(
         _fail(str(e))
 
 
-def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> None:
+def register(app: typer.Typer, groups: dict[str, typer.Typer], render_report: ReportRenderer | None = None) -> None:
     """Add this package's commands to the `bench` app; `bench sweep --report` renders with `render_report`
     (it reaches the command as its context's `obj`; without one, no report is written)."""
     app.command("sweep", context_settings={"obj": render_report})(sweep)

@@ -166,6 +166,6 @@ def profile_serving(
     typer.echo(f"profile: {output}")
 
 
-def register(app: typer.Typer, render_report: Any = None) -> None:
+def register(app: typer.Typer, groups: dict[str, typer.Typer], render_report: Any = None) -> None:
     app.command("simulate", context_settings={"obj": render_report})(simulate)
     app.command("profile-serving")(profile_serving)

@@ -312,7 +312,7 @@ def tune(
         raise typer.Exit(1)
 
 
-def register(app: typer.Typer, render_report: ReportRenderer | None = None) -> None:
+def register(app: typer.Typer, groups: dict[str, typer.Typer], render_report: ReportRenderer | None = None) -> None:
     """Add `bench tune`, `bench tune-efficiency` and `bench tune-launches` to the `bench` app; `render_report`
     renders the best trial's sweep report, linked from tune_report.html (it reaches `tune` as its context's `obj`;
     without one, no link)."""

@@ -182,7 +182,7 @@ def test_the_report_is_rendered_by_the_renderer_the_command_layer_hands_in(tmp_p
     common = ["--model", "mock", "--tokenizer", "tiny-random", "--workload", "fixed", "--input-len", "16"]
     common += ["--output-len", "4", "--num-prompts", "2", "--concurrency", "1", "--slo", "ttft=5000"]
     bare, bare_dir = typer.Typer(), tmp_path / "bare"
-    sweep.commands.register(bare)
+    sweep.commands.register(bare, {})
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         with start_mock(2.0, 1.0, tmp_path / "mock.log") as mock:

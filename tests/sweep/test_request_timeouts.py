@@ -78,7 +78,7 @@ def test_a_sweep_against_a_stalling_server_records_the_failures_and_finishes(
 ) -> None:
     out = tmp_path / "run"
     app = typer.Typer()
-    sweep.commands.register(app)
+    sweep.commands.register(app, {})
     args = ["sweep", "--url", hanging_mock.url, "--model", "mock", "--tokenizer", "tiny-random", "--workload",
             "fixed", "--input-len", "8", "--output-len", "6", "--num-prompts", "3", "--concurrency", "2",
             "--no-calibration", "--stall-timeout", "0.3", "--request-timeout", "0",
