@@ -204,8 +204,8 @@ def ab(
     from reports.ab import Side, run_ab
     from reports.gate import GateConfig, GateInputError, parse_metric, parse_threshold, run_gate
     from reports.importers import RunInputError, load_run
-    from sweep.benchmark_metrics import parse_slo
-    from sweep.runner import WorkloadConfig
+    from sweep.point.benchmark_metrics import parse_slo
+    from sweep.point.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig
 
     try:
@@ -263,7 +263,7 @@ def gate_study(
     interleaved `bench ab` runs of this machine, for several gate variants (a benchmark: minutes to hours)."""
     from reports.gate import parse_threshold
     from reports.gate_study import TRIALS_FILE, GateStudyConfig, analyse, read_trials, run_trials
-    from sweep.runner import WorkloadConfig
+    from sweep.point.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig
 
     try:

@@ -1,7 +1,7 @@
 """Point metrics recomputed from stored per-request rows, through the sweep's own vLLM-exact functions.
 
 Reports and the gate work on DataFrames (`requests.jsonl` rows, or imported vLLM / GuideLLM data); this
-module turns rows back into `sweep.records.RequestRecord`s and calls `sweep.benchmark_metrics` (vLLM's
+module turns rows back into `sweep.point.records.RequestRecord`s and calls `sweep.point.benchmark_metrics` (vLLM's
 `calculate_metrics`, `is_good`, `request_tpot`), so re-evaluating a run under another SLO gives exactly the
 numbers `bench sweep` would have written. Nothing is rerun.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sweep.benchmark_metrics import (
+from sweep.point.benchmark_metrics import (
     DEFAULT_PERCENTILES,
     SLO_KEYS,
     VALID_SLO_KEY,
@@ -25,9 +25,11 @@ from sweep.benchmark_metrics import (
     queue_inclusive_applies,
     request_tpot,
 )
-from sweep.benchmark_metrics import parse_slo as parse_slo  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
-from sweep.benchmark_metrics import ttft_decomposition as record_ttft_decomposition
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import (
+    parse_slo as parse_slo,  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
+)
+from sweep.point.benchmark_metrics import ttft_decomposition as record_ttft_decomposition
+from sweep.point.records import RequestRecord
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 percentile_key = percentile_name
@@ -160,7 +162,7 @@ def point_metrics(
     max_concurrency: int | None = None,
     request_rate: float | str | None = None,
 ) -> dict[str, float | int | None]:
-    """One point's vLLM result fields from its per-request rows (`sweep.benchmark_metrics.calculate_metrics`).
+    """One point's vLLM result fields from its per-request rows (`sweep.point.benchmark_metrics.calculate_metrics`).
 
     Queue-inclusive latency by the sweep's rule: only for an open loop (`request_rate`) with a `max_concurrency`."""
     records = records_from_rows(rows)

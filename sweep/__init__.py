@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(sweeper, name)
     if name == "calculate_metrics":
-        from sweep.benchmark_metrics import calculate_metrics
+        from sweep.point.benchmark_metrics import calculate_metrics
 
         return calculate_metrics
     raise AttributeError(f"module 'sweep' has no attribute {name!r}")

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from sweep.benchmark_metrics import request_tpot
-from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session
 from sweep.launcher import ServerProcess, free_port
-from sweep.records import RequestRecord
-from sweep.runner import PointSpec, dispatch
+from sweep.point.benchmark_metrics import request_tpot
+from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session
+from sweep.point.records import RequestRecord
+from sweep.point.runner import PointSpec, dispatch
 
 
 @dataclass
@@ -102,7 +102,7 @@ def measure(
         records, t0, cpu_s = asyncio.run(_closed_loop(client, concurrency, n, output_len, ramp_s))
         duration = max(r.end_time for r in records) - t0
     else:
-        from sweep.multiproc import run_point_sharded
+        from sweep.point.multiproc import run_point_sharded
 
         spec = PointSpec(label="calibrate", mode="concurrency", concurrency=concurrency, num_prompts=n)
         warm = _prompts(concurrency, 2)

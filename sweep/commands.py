@@ -218,10 +218,10 @@ def sweep(
     gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
-    from sweep.benchmark_metrics import parse_slo
+    from sweep.point.benchmark_metrics import parse_slo
 
     _interrupt_on_sigterm()
-    from sweep.runner import WorkloadConfig
+    from sweep.point.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig, run_sweep
 
     ramp = None

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweep.benchmark_metrics import is_good
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import is_good
+from sweep.point.records import RequestRecord
 
 
 @dataclass(frozen=True)

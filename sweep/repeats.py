@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweep.benchmark_metrics import calculate_metrics
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import calculate_metrics
+from sweep.point.records import RequestRecord
 
 HEADLINE_FIELDS = (
     "duration",

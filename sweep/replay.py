@@ -17,7 +17,7 @@ import bisect
 from pathlib import Path
 from typing import Any
 
-from sweep.client import PromptRequest
+from sweep.point.client import PromptRequest
 
 
 def replay_label(time_scale: float) -> str:

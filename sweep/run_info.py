@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from sweep.records import RequestRecord
-from sweep.runner import PointRun
+from sweep.point.records import RequestRecord
+from sweep.point.runner import PointRun
 
 
 class TargetUnhealthy(RuntimeError):

@@ -63,7 +63,7 @@ def simulate_like(run_dir: Path, profile: Profile, output_dir: Path) -> dict[str
     """Simulate every point of a measured run with `profile`, as it was run: label -> (measured, simulated)."""
     from rich.console import Console
 
-    from sweep.runner import WorkloadConfig
+    from sweep.point.runner import WorkloadConfig
     from sweep.simulate_run import SimulateConfig, Simulator
 
     config = run_config(run_dir)

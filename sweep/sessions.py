@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from sweep.client import ClientConfig, PromptRequest, send_request
-from sweep.records import RequestRecord
-from sweep.runner import PointSpec, WorkloadConfig, build_prompts
+from sweep.point.client import ClientConfig, PromptRequest, send_request
+from sweep.point.records import RequestRecord
+from sweep.point.runner import PointSpec, WorkloadConfig, build_prompts
 
 if TYPE_CHECKING:
     from workloads import RequestSpec

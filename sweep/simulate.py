@@ -3,7 +3,7 @@
 Per point, a fresh `EngineCore` gets a `SimulatedExecutor` (engine/executor/simulated.py): the real Scheduler,
 KV manager and block pool decide every step, and each step advances a virtual clock by the profile's cost model.
 Requests reach the engine as the load generator would send them: the same workload lengths (`workloads.load`,
-fitted to max_model_len as `bench sweep` does), the same send schedule (`sweep.runner.schedule`: closed loop with
+fitted to max_model_len as `bench sweep` does), the same send schedule (`sweep.point.runner.schedule`: closed loop with
 a concurrency cap, or gamma/Poisson arrivals at a rate), each request's max_tokens its output length with
 ignore_eos. A request joins the engine at the first step boundary after it is sent, as a server polls its queue
 between steps; one sent exactly at a boundary (a closed-loop client refilling a slot when a request finishes)
@@ -39,7 +39,7 @@ from engine.engine_core import EngineCore
 from engine.executor.simulated import SimulatedExecutor, VirtualClock
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 from sweep.simulate_api import ApiProcess
 
 TOKEN_ID_RANGE = (1000, 30000)  # ids prompts are drawn from: clear of special tokens, inside any real vocabulary

@@ -23,8 +23,8 @@ from typing import Any
 from rich.console import Console
 
 from sweep import results
-from sweep.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
-from sweep.runner import PointSpec, WorkloadConfig, schedule
+from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
+from sweep.point.runner import PointSpec, WorkloadConfig, schedule
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
 
 PROFILE_KIND = "servelab-step-profile"

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 
 KINDS = ("json", "regex", "choice")
 SHAPES = ("response_format", "structured_outputs", "guided")

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep import results
-from sweep.benchmark_metrics import DEFAULT_PERCENTILES
-from sweep.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
-from sweep.runner import WorkloadConfig
+from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES
+from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
+from sweep.point.runner import WorkloadConfig
 
 
 @dataclass
@@ -44,12 +44,12 @@ class SweepConfig:
     client_procs: int = 1
     repeats: int = 1  # see sweep/repeats.py
     calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
-    server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.server_metrics)
+    server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.point.server_metrics)
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
     think_time_s: float = 0.0
     rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (sweep.rate_curve)
-    warmup_seconds: float = 0.0  # steady-state window (sweep.steady_state): ramp-up left out of `steady`
+    warmup_seconds: float = 0.0  # steady-state window (sweep.point.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
     request_timeout_s: float | None = REQUEST_TIMEOUT_S  # a request running longer fails with "Timeout"; 0/None: off

@@ -18,18 +18,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweep import results
-from sweep.benchmark_metrics import (
+from sweep.launcher import ServerProcess, launch
+from sweep.point.benchmark_metrics import (
     calculate_metrics,
     percentile_name,
     queue_inclusive_applies,
 )
-from sweep.client import ClientConfig
-from sweep.launcher import ServerProcess, launch
-from sweep.point_fields import extra_point_fields
-from sweep.records import RequestRecord
+from sweep.point.client import ClientConfig
+from sweep.point.point_fields import extra_point_fields
+from sweep.point.records import RequestRecord
+from sweep.point.runner import PointRun, PointSpec, build_prompts, run_point
 from sweep.repeats import pooled_point, repeat_order
 from sweep.run_info import check_reachable, check_target_healthy, client_fidelity, machine, versions, workload_fidelity
-from sweep.runner import PointRun, PointSpec, build_prompts, run_point
 from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
 from sweep.sweep_config import SweepConfig
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sweep.client import PromptRequest
+from sweep.point.client import PromptRequest
 from workloads.spec import RequestSpec
 from workloads.synthesis import chat_prompt_len
 
 if TYPE_CHECKING:
-    from sweep.runner import WorkloadConfig
+    from sweep.point.runner import WorkloadConfig
 
 DEFAULT_OUTPUT_LEN = 128
 

@@ -79,5 +79,5 @@ def test_reports_and_the_gate_do_not_load_the_http_client() -> None:
 
 def test_the_sweep_client_does_load_aiohttp() -> None:
     """The check above can see aiohttp: the HTTP client module, and only it among these, brings it in."""
-    assert "aiohttp" in loaded_after_importing(["sweep.client"])
-    assert "aiohttp" not in loaded_after_importing(["sweep", "sweep.records", "sweep.benchmark_metrics"])
+    assert "aiohttp" in loaded_after_importing(["sweep.point.client"])
+    assert "aiohttp" not in loaded_after_importing(["sweep", "sweep.point.records", "sweep.point.benchmark_metrics"])

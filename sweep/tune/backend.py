@@ -182,7 +182,7 @@ class EngineBackend:
         """A sweep run directory against the trial's engine; `measure(load)` runs one point of it."""
         from rich.console import Console
 
-        from sweep.runner import WorkloadConfig
+        from sweep.point.runner import WorkloadConfig
         from sweep.sweeper import SweepConfig, Sweeper
 
         w = self.workload

@@ -144,7 +144,7 @@ def tune(
     import optuna
     from rich.console import Console
 
-    from sweep.benchmark_metrics import parse_slo
+    from sweep.point.benchmark_metrics import parse_slo
     from sweep.tune.backend import EngineBackend, TrialWorkload
     from sweep.tune.objective import ObjectiveSpec
     from sweep.tune.report import render_best_sweep_report, write_report

@@ -89,7 +89,7 @@ class SimulatedBackend:
         from rich.console import Console
 
         from sweep.cost import CostConfig
-        from sweep.runner import WorkloadConfig
+        from sweep.point.runner import WorkloadConfig
         from sweep.simulate_run import SimulateConfig, Simulator
 
         w = self.workload

@@ -20,7 +20,7 @@ from reports.recompute import (
     request_latencies,
     with_slo,
 )
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 
 
 def _row(index, ok, send, first=None, chunks=(), out=0, prompt=10, intended=None):

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 import cli
 from sweep.calibrate import start_mock
-from sweep.client import ClientConfig
-from sweep.runner import PointSpec, WorkloadConfig, run_point
+from sweep.point.client import ClientConfig
+from sweep.point.runner import PointSpec, WorkloadConfig, run_point
 
 
 def sharegpt_file(path: Path) -> Path:

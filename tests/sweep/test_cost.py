@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.cost import CostConfig, cost_fields, good_output_tokens
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 
 
 def record(index: int, ttft: float, output_tokens: int, success: bool = True) -> RequestRecord:

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 import cli
 from sweep.calibrate import start_mock
+from sweep.point.runner import PointSpec, send_offsets
 from sweep.rate_curve import parse_rate_curve
-from sweep.runner import PointSpec, send_offsets
 from sweep.sweep_config import SweepConfig
 
 

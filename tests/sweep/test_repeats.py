@@ -11,8 +11,8 @@ import sweep
 import sweep.sweeper
 from sweep.calibrate import start_mock
 from sweep.launcher import ServerProcess
+from sweep.point.runner import WorkloadConfig
 from sweep.repeats import repeat_order, spread
-from sweep.runner import WorkloadConfig
 from sweep.sweeper import SweepConfig, run_sweep
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.runner import WorkloadConfig
+from sweep.point.runner import WorkloadConfig
 from sweep.serving_fit import CalibrationPoint, HandOverSample, calibrate, fit_hand_over, fit_terms, hand_over_samples
 from sweep.simulate_api import replay
 from sweep.simulate_run import SimulateConfig, load_profile, run_simulation

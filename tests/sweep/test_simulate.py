@@ -11,9 +11,9 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.executor.cost_model import CostModel
 from engine.executor.simulated import SimulatedExecutor
-from sweep.benchmark_metrics import calculate_metrics
+from sweep.point.benchmark_metrics import calculate_metrics
+from sweep.point.runner import WorkloadConfig
 from sweep.results import load_results
-from sweep.runner import WorkloadConfig
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
 from sweep.simulate_run import SimulateConfig, engine_config, load_profile, run_simulation
 from workloads.spec import RequestSpec

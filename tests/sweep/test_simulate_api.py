@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.executor.cost_model import CostModel
 from engine.executor.simulated import SimulatedExecutor
-from sweep.runner import WorkloadConfig
+from sweep.point.runner import WorkloadConfig
 from sweep.simulate import SimulatedRequest, simulate_point
 from sweep.simulate_api import replay
 from sweep.simulate_run import SimulateConfig, load_profile, run_simulation

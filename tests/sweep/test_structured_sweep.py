@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from reports.recompute import format_slo, normalize_slo, point_metrics, records_from_rows
-from sweep.benchmark_metrics import calculate_metrics, is_good, parse_slo
-from sweep.client import ClientConfig, PromptRequest, build_payload
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import calculate_metrics, is_good, parse_slo
+from sweep.point.client import ClientConfig, PromptRequest, build_payload
+from sweep.point.records import RequestRecord
 from sweep.structured import (
     Constraint,
     SchemaNotSupported,
@@ -193,7 +193,7 @@ def test_a_sweep_stores_each_verdict_and_the_fraction(tmp_path: Path) -> None:
     from reports.importers import load_run
     from reports.tables import point_table
     from sweep.calibrate import start_mock
-    from sweep.runner import WorkloadConfig
+    from sweep.point.runner import WorkloadConfig
     from sweep.sweeper import SweepConfig, run_sweep
 
     workload = WorkloadConfig(workload="structured", input_len=24, output_len=6, seed=1)

@@ -15,7 +15,7 @@ import sweep
 import sweep.sweeper
 from sweep.calibrate import start_mock
 from sweep.launcher import ServerProcess
-from sweep.runner import WorkloadConfig
+from sweep.point.runner import WorkloadConfig
 from sweep.sweeper import SweepConfig, Sweeper, run_sweep
 
 
@@ -176,9 +176,9 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
 
 
 def test_client_fidelity_audits_token_counts() -> None:
-    from sweep.records import RequestRecord
+    from sweep.point.records import RequestRecord
+    from sweep.point.runner import PointRun, PointSpec
     from sweep.run_info import client_fidelity
-    from sweep.runner import PointRun, PointSpec
 
     def rec(index: int, chunks: list[int], usage: int | None, retokenized: int) -> RequestRecord:
         r = RequestRecord(index, 4, sum(chunks), intended_send_time=0.0, send_time=0.25, success=True)

@@ -8,8 +8,16 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from sweep.client import ClientConfig, PromptRequest, SSEParser, build_payload, count_tokens, make_session, send_request
 from sweep.launcher import free_port
+from sweep.point.client import (
+    ClientConfig,
+    PromptRequest,
+    SSEParser,
+    build_payload,
+    count_tokens,
+    make_session,
+    send_request,
+)
 
 
 def event(obj: dict | str) -> bytes:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from sweep.calibrate import start_mock
-from sweep.client import ClientConfig, PromptRequest
-from sweep.multiproc import run_point_sharded, split_concurrency
-from sweep.runner import PointSpec, schedule
+from sweep.point.client import ClientConfig, PromptRequest
+from sweep.point.multiproc import run_point_sharded, split_concurrency
+from sweep.point.runner import PointSpec, schedule
 
 
 def test_split_concurrency() -> None:

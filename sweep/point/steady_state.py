@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sweep.benchmark_metrics import calculate_metrics
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import calculate_metrics
+from sweep.point.records import RequestRecord
 
 
 def window_records(records: Sequence[RequestRecord], start: float, end: float) -> list[RequestRecord]:

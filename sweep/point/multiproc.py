@@ -21,10 +21,10 @@ from typing import Any
 
 import aiohttp
 
-from sweep.client import ClientConfig, PromptRequest, make_session, send_request
-from sweep.records import RequestRecord
-from sweep.runner import PointSpec, dispatch, preconnect, reset_prefix_cache
-from sweep.server_metrics import ServerMetricsSampler
+from sweep.point.client import ClientConfig, PromptRequest, make_session, send_request
+from sweep.point.records import RequestRecord
+from sweep.point.runner import PointSpec, dispatch, preconnect, reset_prefix_cache
+from sweep.point.server_metrics import ServerMetricsSampler
 
 READY_TIMEOUT_S = 120.0
 START_MARGIN_S = 0.2

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sweep.benchmark_metrics import calculate_metrics, parse_slo, percentile_name, queue_inclusive_applies
-from sweep.records import RequestRecord
+from sweep.point.benchmark_metrics import calculate_metrics, parse_slo, percentile_name, queue_inclusive_applies
+from sweep.point.records import RequestRecord
 
 
 def record(

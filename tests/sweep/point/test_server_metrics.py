@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from sweep.launcher import free_port
-from sweep.server_metrics import Scrape, ServerMetricsSampler, parse_metrics, point_server_metrics
+from sweep.point.server_metrics import Scrape, ServerMetricsSampler, parse_metrics, point_server_metrics
 
 # The exposition a vLLM v1 server writes (prometheus_client: counters get `_total` and `_created` samples),
 # with an engine label, a label value holding a space, and the speculative-decoding counters.

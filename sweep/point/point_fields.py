@@ -1,14 +1,14 @@
 """The point fields of the load shapes and measurements beyond a plain point: trace replay, multi-turn sessions,
-vLLM's ramp-up, rate curves, the steady-state window (sweep.steady_state) and the server's /metrics
-(sweep.server_metrics)."""
+vLLM's ramp-up, rate curves, the steady-state window (sweep.point.steady_state) and the server's /metrics
+(sweep.point.server_metrics)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from sweep.runner import PointRun
-from sweep.steady_state import steady_metrics
+from sweep.point.runner import PointRun
+from sweep.point.steady_state import steady_metrics
 
 
 def extra_point_fields(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 
 
 def test_a_row_keeps_the_stored_fields_and_adds_label_and_latencies() -> None:

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from sweep.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
-from sweep.records import RequestRecord
-from sweep.server_metrics import ServerMetricsSampler
+from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
+from sweep.point.records import RequestRecord
+from sweep.point.server_metrics import ServerMetricsSampler
 from sweep.structured import check_outputs, make_constraint
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
@@ -121,7 +121,7 @@ class PointRun:
     duration: float
     fit_report: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
-    server_metrics: dict[str, Any] | None = None  # sweep.server_metrics: /metrics deltas over the point
+    server_metrics: dict[str, Any] | None = None  # sweep.point.server_metrics: /metrics deltas over the point
 
 
 def build_prompts(
@@ -336,7 +336,7 @@ def run_point(
     server_metrics: bool = False,
 ) -> PointRun:
     """Prepare, warm up and measure one point; token counts resolved, ready for `calculate_metrics`.
-    With `server_metrics`, the target's /metrics is scraped over the point (`sweep.server_metrics`)."""
+    With `server_metrics`, the target's /metrics is scraped over the point (`sweep.point.server_metrics`)."""
     sampler = ServerMetricsSampler(client.url, client.api_key) if server_metrics else None
     sessions: list[list[PromptRequest]] | None = None
     live = workload.conversations is None  # sessions: history from the server's replies, else recorded
@@ -364,7 +364,7 @@ def run_point(
             workload, tokenizer, spec.num_warmups, salt=f"{salt}-{spec.label}-warmup", seed_offset=1_000_003
         )
     if client_procs > 1:
-        from sweep.multiproc import run_point_sharded
+        from sweep.point.multiproc import run_point_sharded
 
         records, t0, duration, extras = run_point_sharded(
             client, spec, prompts, offsets, warmups, reset_cache, client_procs, on_done, sampler

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 VALID_SLO_KEY = "valid"  # `valid=1`: a structured output that did not parse and validate misses the SLO

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.records import RequestRecord
-from sweep.steady_state import steady_metrics, window_records
+from sweep.point.records import RequestRecord
+from sweep.point.steady_state import steady_metrics, window_records
 
 
 def done(index: int, send: float, chunks: list[float]) -> RequestRecord:

@@ -1,7 +1,7 @@
 """One request's measurements, and its row in `requests.jsonl` (the results contract's field names).
 
 No network code here: reports and the gate rebuild these records from stored rows without importing the client.
-Timestamps are `time.perf_counter()` seconds (see `sweep.client`).
+Timestamps are `time.perf_counter()` seconds (see `sweep.point.client`).
 """
 
 from __future__ import annotations

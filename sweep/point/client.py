@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from sweep.records import RequestRecord
+from sweep.point.records import RequestRecord
 from sweep.structured import Constraint
 
 READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)

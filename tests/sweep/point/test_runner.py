@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sweep.calibrate import start_mock
-from sweep.client import ClientConfig, PromptRequest, make_session
 from sweep.launcher import ServerProcess
-from sweep.runner import PointSpec, dispatch, schedule, send_offsets
+from sweep.point.client import ClientConfig, PromptRequest, make_session
+from sweep.point.runner import PointSpec, dispatch, schedule, send_offsets
 
 
 @pytest.fixture(scope="module")
