@@ -42,7 +42,7 @@ def report(
     from reports.importers import RunInputError
     from reports.recompute import parse_slo
     from reports.render import render_report
-    from sweep.cost import CostConfig
+    from sweep.run.cost import CostConfig
 
     try:
         slo_ms = parse_slo(slo)
@@ -206,7 +206,7 @@ def ab(
     from reports.importers import RunInputError, load_run
     from sweep.point.benchmark_metrics import parse_slo
     from sweep.point.runner import WorkloadConfig
-    from sweep.sweeper import SweepConfig
+    from sweep.run.sweeper import SweepConfig
 
     try:
         config = GateConfig(
@@ -264,7 +264,7 @@ def gate_study(
     from reports.gate import parse_threshold
     from reports.gate_study import TRIALS_FILE, GateStudyConfig, analyse, read_trials, run_trials
     from sweep.point.runner import WorkloadConfig
-    from sweep.sweeper import SweepConfig
+    from sweep.run.sweeper import SweepConfig
 
     try:
         study = GateStudyConfig(

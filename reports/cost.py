@@ -2,7 +2,7 @@
 
 A point's price is `--cost-per-hour` when the report is given one, else the price its sweep stored
 (`bench sweep/simulate --cost-per-hour`); the cost is recomputed from the stored requests under the report's SLO
-(`sweep.cost`), so a report with another SLO prices its own goodput. Simulated points are drawn hollow.
+(`sweep.run.cost`), so a report with another SLO prices its own goodput. Simulated points are drawn hollow.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 
 from reports.importers import RunData
 from reports.recompute import normalize_slo, records_from_rows
-from sweep.cost import CostConfig, cost_fields
+from sweep.run.cost import CostConfig, cost_fields
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -31,7 +31,7 @@ from reports.gate import FAILURE_RATE, Comparison, GateConfig, GateResult, run_g
 from reports.importers import RunData, load_run
 
 if TYPE_CHECKING:  # the sweep config module loads the HTTP client, which the gate never needs
-    from sweep.sweep_config import SweepConfig
+    from sweep.run.sweep_config import SweepConfig
 
 TRIALS_FILE = "trials.jsonl"
 

@@ -60,7 +60,7 @@ class RunData:
 
 def point_label(max_concurrency: int | None, request_rate: float | str | None) -> str:
     """The sweep's point label: `c0016` for concurrency 16, `r0002.00` for rate 2.0, `rinf`."""
-    from sweep.results import concurrency_label, rate_label
+    from sweep.run.results import concurrency_label, rate_label
 
     if max_concurrency is not None:
         return concurrency_label(int(max_concurrency))
@@ -106,7 +106,7 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
 
 
 def _load_servelab_run(run_dir: Path) -> RunData:
-    from sweep.results import load_results
+    from sweep.run.results import load_results
 
     try:
         results = load_results(run_dir)

@@ -36,7 +36,7 @@ def render_report(
 
     `slo` (ms; `{"ttft_ms": 200, ...}` or `{"ttft": 200}`) re-evaluates goodput and attainment from the
     stored per-request rows; without it the first run's own SLO is used, if it had one. `cost`
-    (`sweep.cost.CostConfig`) prices every point; without it, points priced by their sweep keep their price.
+    (`sweep.run.cost.CostConfig`) prices every point; without it, points priced by their sweep keep their price.
     """
     if not run_dirs:
         raise RunInputError("no run given")

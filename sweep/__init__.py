@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweep.results import Results, load_results
+from sweep.run.results import Results, load_results
 
 __all__ = [
     "Results",
@@ -25,7 +25,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("SweepConfig", "Sweeper", "run_sweep"):
-        from sweep import sweeper
+        from sweep.run import sweeper
 
         return getattr(sweeper, name)
     if name == "calculate_metrics":

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from sweep.launcher import ServerProcess, free_port
 from sweep.point.benchmark_metrics import request_tpot
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointSpec, dispatch
+from sweep.run.launcher import ServerProcess, free_port
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from engine.cli_options import knob_option, with_engine_knobs
-from sweep.results import ReportRenderer
+from sweep.run.results import ReportRenderer
 from sweep.soak_commands import soak as soak_command
 
 LOAD_PANEL = "Load"
@@ -222,7 +222,7 @@ def sweep(
 
     _interrupt_on_sigterm()
     from sweep.point.runner import WorkloadConfig
-    from sweep.sweeper import SweepConfig, run_sweep
+    from sweep.run.sweeper import SweepConfig, run_sweep
 
     ramp = None
     if ramp_up_strategy is not None:

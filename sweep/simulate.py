@@ -17,7 +17,7 @@ Prompts are token ids made from the workload specs, not synthesized text: each r
 shared system prompt (`prefix_group`, `prefix_len`) or Mooncake hash ids (`prefix_ids`), which map to the same ids
 in every request that shares them, so prefix-cache hits happen where the workload has them.
 
-The run directory is `bench sweep`'s (sweep/results.py): config, points, per-request rows (virtual seconds), with
+The run directory is `bench sweep`'s (sweep/run/results.py): config, points, per-request rows (virtual seconds), with
 `config.simulated = true`, `target.backend = "simulated"` and `simulated: true` on every point, so `bench report`
 and `bench gate` read it unchanged. Each point also records `simulation`: steps, simulated busy time, the
 scheduler's own CPU time per step (schedule + update_from_output, measured around the real calls) and the

@@ -79,9 +79,9 @@ def simulate(
 ) -> None:
     """Predict a sweep without running the model: the engine's scheduler and KV manager driven by a profiled
     step-time cost model, written as a `bench sweep` run directory marked simulated."""
-    from sweep.cost import CostConfig
     from sweep.point.benchmark_metrics import parse_slo
     from sweep.point.runner import WorkloadConfig
+    from sweep.run.cost import CostConfig
     from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
 
     if (concurrency is None) == (request_rate is None):

@@ -22,9 +22,9 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import results
 from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
 from sweep.point.runner import PointSpec, WorkloadConfig, schedule
+from sweep.run import results
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
 
 PROFILE_KIND = "servelab-step-profile"
@@ -85,7 +85,7 @@ class SimulateConfig:
     attainment: float = 0.9
     max_load: float = 4096.0
     resume: bool = False
-    cost: Any = None  # sweep.cost.CostConfig: points get a simulated cost_per_million_output_tokens
+    cost: Any = None  # sweep.run.cost.CostConfig: points get a simulated cost_per_million_output_tokens
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
@@ -189,7 +189,7 @@ class Simulator:
         self.writer = results.open_run(config.output_dir, self.run_config(), resume=config.resume)
 
     def run_config(self) -> dict[str, Any]:
-        from sweep.run_info import machine, versions
+        from sweep.run.run_info import machine, versions
 
         cfg = self.config
         return {
@@ -274,7 +274,7 @@ class Simulator:
             "simulation": simulated.stats,
         }
         if cfg.cost is not None:
-            from sweep.cost import cost_fields
+            from sweep.run.cost import cost_fields
 
             point.update(cost_fields(simulated.records, simulated.duration, cfg.slo, cfg.cost, source="simulated"))
         if fit_report is not None:
@@ -301,7 +301,7 @@ class Simulator:
         cfg = self.config
         if not cfg.max_load_under_slo:
             return [self.measure(value) for value in cfg.values]
-        from sweep.search import SearchConfig, max_load_under_slo
+        from sweep.run.search import SearchConfig, max_load_under_slo
 
         search = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
         result = max_load_under_slo(search, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))

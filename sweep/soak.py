@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from sweep.point.client import SSEParser
-from sweep.results import write_atomic
+from sweep.run.results import write_atomic
 from sweep.soak_report import SoakBounds, summarize, write_report
 from sweep.soak_requests import SoakCase, SoakMix, is_openai_error_body, make_case
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.results import write_atomic
+from sweep.run.results import write_atomic
 
 EXPECTED_OUTCOMES = ("ok", "cancelled", "disconnected", "expected_4xx")
 UNEXPECTED_OUTCOMES = ("http_5xx", "bad_4xx", "accepted_malformed", "wrong_output", "reset", "timeout")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sweep.results import write_atomic
-from sweep.run_info import TargetUnhealthy
+from sweep.run.results import write_atomic
+from sweep.run.run_info import TargetUnhealthy
 from sweep.tune.objective import Infeasible, MeasurePoint
 from sweep.tune.space import fill_template
 
@@ -138,7 +138,7 @@ class EngineBackend:
         self.trial_timeout_s = trial_timeout_s
 
     def _server(self, knobs: dict[str, Any], trial_dir: Path) -> Any:
-        from sweep.launcher import ServerProcess, builtin_command, free_port
+        from sweep.run.launcher import ServerProcess, builtin_command, free_port
 
         host = "127.0.0.1"
         port = free_port(host)
@@ -153,7 +153,7 @@ class EngineBackend:
 
     @contextlib.contextmanager
     def launch(self, knobs: dict[str, Any], trial_dir: Path) -> Iterator[Callable[[int], MeasurePoint]]:
-        from sweep.launcher import ServerStartError
+        from sweep.run.launcher import ServerStartError
 
         trial_dir.mkdir(parents=True, exist_ok=True)
         server = self._server(knobs, trial_dir)
@@ -183,7 +183,7 @@ class EngineBackend:
         from rich.console import Console
 
         from sweep.point.runner import WorkloadConfig
-        from sweep.sweeper import SweepConfig, Sweeper
+        from sweep.run.sweeper import SweepConfig, Sweeper
 
         w = self.workload
         config = SweepConfig(

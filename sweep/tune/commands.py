@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from sweep.results import ReportRenderer, write_atomic
+from sweep.run.results import ReportRenderer, write_atomic
 from sweep.tune.replay_commands import tune_efficiency, tune_launches
 
 
@@ -165,7 +165,7 @@ def tune(
         if objective == "cost" and cost_per_hour is None:
             raise ValueError("--objective cost needs --cost-per-hour USD (the price of one instance-hour)")
         if cost_per_hour is not None:
-            from sweep.cost import CostConfig
+            from sweep.run.cost import CostConfig
 
             CostConfig(cost_per_hour, gpus_per_instance)
         quality_guard = None

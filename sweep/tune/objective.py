@@ -7,7 +7,7 @@ Three objectives (see docs: tuning.md §b for the three meanings of "goodput"):
   attainment >= target recorded as a soft constraint.
 - `pareto`: (`request_goodput`, `p90_ttft_ms`) at one fixed load; a two-objective study (maximise, minimise).
 - `cost`: `cost_per_million_output_tokens` at one fixed load (the instance price over the goodput's output tokens,
-  sweep/cost.py); minimised, with attainment >= target a soft constraint.
+  sweep/run/cost.py); minimised, with attainment >= target a soft constraint.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def max_load_search(
     `on_point(step, best_passing_load, point)` runs after each point and may raise to stop the search (the tuner
     prunes there).
     """
-    from sweep.search import SearchConfig, max_load_under_slo
+    from sweep.run.search import SearchConfig, max_load_under_slo
 
     points: list[dict[str, Any]] = []
     passing = 0.0

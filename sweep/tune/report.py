@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.results import ReportRenderer, write_atomic
+from sweep.run.results import ReportRenderer, write_atomic
 from sweep.tune.quality_guard import CACHE_PREFIX as QUALITY_CACHE_PREFIX
 from sweep.tune.study import best_trials, feasible
 

@@ -88,8 +88,8 @@ class SimulatedBackend:
     def launch(self, knobs: dict[str, Any], trial_dir: Path) -> Iterator[Callable[[int], MeasurePoint]]:
         from rich.console import Console
 
-        from sweep.cost import CostConfig
         from sweep.point.runner import WorkloadConfig
+        from sweep.run.cost import CostConfig
         from sweep.simulate_run import SimulateConfig, Simulator
 
         w = self.workload

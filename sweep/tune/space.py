@@ -337,7 +337,7 @@ def fill_template(template: str, model: str, knobs: dict[str, Any], port: int = 
     `--enable-prefix-caching`, `--no-enable-prefix-caching`), and `{knob_flags}`, every knob's flag. A knob left
     at the engine default (None) fills as nothing. Unknown placeholders are an error.
     """
-    from sweep.launcher import template_command
+    from sweep.run.launcher import template_command
 
     values: dict[str, Any] = {name: "" if value is None else value for name, value in knobs.items()}
     values |= {f"{name}_flag": shlex.join(knob_args({name: value})) for name, value in knobs.items()}

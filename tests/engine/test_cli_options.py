@@ -43,7 +43,7 @@ def engine_panel_flags(help_text: str) -> set[str]:
 
 def capture_sweeps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """`bench sweep` records the SweepConfig it would run, then stops with "stop here"."""
-    import sweep.sweeper
+    import sweep.run.sweeper
 
     configs: list[Any] = []
 
@@ -51,7 +51,7 @@ def capture_sweeps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         configs.append(config)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(sweep.sweeper, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(sweep.run.sweeper, "run_sweep", fake_run_sweep)
     return configs
 
 
@@ -96,7 +96,7 @@ def test_throughput_passes_every_knob(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sweep_launches_the_engine_with_every_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.entrypoints import cli
-    from sweep.launcher import builtin_command
+    from sweep.run.launcher import builtin_command
 
     configs = capture_sweeps(monkeypatch)
     result = CliRunner().invoke(app, ["sweep", "--concurrency", "1", *knob_arguments(KNOB_VALUES)])

@@ -12,7 +12,7 @@ from synthetic_runs import synthetic_run
 
 from reports.gate_study import GateStudyConfig, analyse, read_trials, subset, variants, wilson
 from reports.importers import RunData
-from sweep.sweep_config import SweepConfig
+from sweep.run.sweep_config import SweepConfig
 
 
 def test_wilson_interval_matches_hand_computed_values() -> None:

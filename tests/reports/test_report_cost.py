@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from reports.cost import COST_COLUMN, cost_vs_load, with_cost
 from reports.importers import load_runs
 from reports.recompute import with_slo
-from sweep.cost import CostConfig
+from sweep.run.cost import CostConfig
 
 
 def test_with_cost_prices_each_point_from_its_good_requests(fixture_run: Path) -> None:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from sweep.calibrate import measure, start_mock
-from sweep.launcher import ServerProcess
 from sweep.point.benchmark_metrics import request_tpot
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
+from sweep.run.launcher import ServerProcess
 
 TTFT_MS, ITL_MS = 50.0, 10.0
 ATTEMPTS = 3  # the test machine is shared: a burst of other work can delay one attempt, not three

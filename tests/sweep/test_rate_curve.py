@@ -13,7 +13,7 @@ import cli
 from sweep.calibrate import start_mock
 from sweep.point.runner import PointSpec, send_offsets
 from sweep.rate_curve import parse_rate_curve
-from sweep.sweep_config import SweepConfig
+from sweep.run.sweep_config import SweepConfig
 
 
 def test_a_curve_is_numbers_or_a_shipped_mix_with_one() -> None:

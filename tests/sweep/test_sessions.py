@@ -57,7 +57,7 @@ def test_turns_need_a_positive_count() -> None:
 @pytest.mark.slow
 def test_history_reuse_shows_in_the_servers_prefix_cache_hit_rate(tmp_path: Path) -> None:
     """The built-in engine's /metrics, scraped over the point: later turns hit the cached history."""
-    from sweep.sweeper import SweepConfig, run_sweep
+    from sweep.run.sweeper import SweepConfig, run_sweep
 
     workload = WorkloadConfig(workload="random", input_len=64, output_len=8, endpoint="chat")
     common = dict(

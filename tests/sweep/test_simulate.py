@@ -13,7 +13,7 @@ from engine.executor.cost_model import CostModel
 from engine.executor.simulated import SimulatedExecutor
 from sweep.point.benchmark_metrics import calculate_metrics
 from sweep.point.runner import WorkloadConfig
-from sweep.results import load_results
+from sweep.run.results import load_results
 from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
 from sweep.simulate_run import SimulateConfig, engine_config, load_profile, run_simulation
 from workloads.spec import RequestSpec
@@ -137,7 +137,7 @@ def test_simulate_refuses_speculative_decoding(tmp_path: Path, profile_path: Pat
 
 
 def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: Path) -> None:
-    from sweep.cost import CostConfig
+    from sweep.run.cost import CostConfig
 
     config = SimulateConfig(
         output_dir=tmp_path / "run",

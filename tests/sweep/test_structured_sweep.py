@@ -194,7 +194,7 @@ def test_a_sweep_stores_each_verdict_and_the_fraction(tmp_path: Path) -> None:
     from reports.tables import point_table
     from sweep.calibrate import start_mock
     from sweep.point.runner import WorkloadConfig
-    from sweep.sweeper import SweepConfig, run_sweep
+    from sweep.run.sweeper import SweepConfig, run_sweep
 
     workload = WorkloadConfig(workload="structured", input_len=24, output_len=6, seed=1)
     with start_mock(1.0, 0.5, tmp_path / "mock.log") as mock:

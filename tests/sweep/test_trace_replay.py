@@ -9,10 +9,10 @@ import pytest
 
 import sweep
 from sweep.calibrate import start_mock
-from sweep.launcher import ServerProcess
 from sweep.point.runner import WorkloadConfig
 from sweep.replay import build_replay_prompts, offered_rate
-from sweep.sweeper import SweepConfig, run_sweep
+from sweep.run.launcher import ServerProcess
+from sweep.run.sweeper import SweepConfig, run_sweep
 
 TIMESTAMPS = [100.0, 100.1, 100.15, 100.4, 100.45, 100.8, 101.6]
 

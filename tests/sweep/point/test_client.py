@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from sweep.launcher import free_port
 from sweep.point.client import (
     ClientConfig,
     PromptRequest,
@@ -18,6 +17,7 @@ from sweep.point.client import (
     make_session,
     send_request,
 )
+from sweep.run.launcher import free_port
 
 
 def event(obj: dict | str) -> bytes:

@@ -17,11 +17,11 @@ import typer
 from typer.testing import CliRunner
 
 import sweep.commands
-from sweep.launcher import ServerProcess, launch
 from sweep.mock_server import MockConfig
 from sweep.point.client import ClientConfig, PromptRequest, make_session, send_request
 from sweep.point.records import RequestRecord
-from sweep.sweep_config import SweepConfig
+from sweep.run.launcher import ServerProcess, launch
+from sweep.run.sweep_config import SweepConfig
 
 HANG_AFTER = 2
 

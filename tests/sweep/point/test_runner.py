@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sweep.calibrate import start_mock
-from sweep.launcher import ServerProcess
 from sweep.point.client import ClientConfig, PromptRequest, make_session
 from sweep.point.runner import PointSpec, dispatch, schedule, send_offsets
+from sweep.run.launcher import ServerProcess
 
 
 @pytest.fixture(scope="module")

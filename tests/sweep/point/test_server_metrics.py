@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from sweep.launcher import free_port
 from sweep.point.server_metrics import Scrape, ServerMetricsSampler, parse_metrics, point_server_metrics
+from sweep.run.launcher import free_port
 
 # The exposition a vLLM v1 server writes (prometheus_client: counters get `_total` and `_created` samples),
 # with an engine label, a label value holding a space, and the speculative-decoding counters.

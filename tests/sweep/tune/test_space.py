@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from engine.config import engine_knobs, knob_args
-from sweep.launcher import template_command
+from sweep.run.launcher import template_command
 from sweep.tune.space import (
     DeviceInfo,
     SpaceError,

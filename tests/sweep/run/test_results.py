@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.results import concurrency_label, load_results, open_run, rate_label
+from sweep.run.results import concurrency_label, load_results, open_run, rate_label
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sweep_a"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import sweep
-import sweep.sweeper
+import sweep.run.sweeper
 from sweep.calibrate import start_mock
-from sweep.launcher import ServerProcess
 from sweep.point.runner import WorkloadConfig
-from sweep.sweeper import SweepConfig, Sweeper, run_sweep
+from sweep.run.launcher import ServerProcess
+from sweep.run.sweeper import SweepConfig, Sweeper, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_run_directory_contract(mock: ServerProcess, tmp_path: Path) -> None:
 
 
 def test_interrupted_sweep_resumes(mock: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_run_point = sweep.sweeper.run_point
+    real_run_point = sweep.run.sweeper.run_point
     labels: list[str] = []
 
     def interrupt_second(*args, **kwargs):
@@ -118,7 +118,7 @@ def test_interrupted_sweep_resumes(mock: ServerProcess, tmp_path: Path, monkeypa
             raise KeyboardInterrupt
         return real_run_point(*args, **kwargs)
 
-    monkeypatch.setattr(sweep.sweeper, "run_point", interrupt_second)
+    monkeypatch.setattr(sweep.run.sweeper, "run_point", interrupt_second)
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         run_sweep(config(mock, out, values=[1, 4, 2]))
@@ -128,7 +128,7 @@ def test_interrupted_sweep_resumes(mock: ServerProcess, tmp_path: Path, monkeypa
     salt = json.loads((out / "config.json").read_text())["workload"]["salt"]
 
     monkeypatch.setattr(
-        sweep.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
+        sweep.run.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
     )
     labels.clear()
     run_sweep(config(mock, out, values=[1, 4, 2], resume=True))
@@ -178,7 +178,7 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
 def test_client_fidelity_audits_token_counts() -> None:
     from sweep.point.records import RequestRecord
     from sweep.point.runner import PointRun, PointSpec
-    from sweep.run_info import client_fidelity
+    from sweep.run.run_info import client_fidelity
 
     def rec(index: int, chunks: list[int], usage: int | None, retokenized: int) -> RequestRecord:
         r = RequestRecord(index, 4, sum(chunks), intended_send_time=0.0, send_time=0.25, success=True)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import sweep
 import sweep.commands
 from sweep.calibrate import start_mock
-from sweep.launcher import free_port, launch
+from sweep.run.launcher import free_port, launch
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.cost import CostConfig, cost_fields, good_output_tokens
 from sweep.point.records import RequestRecord
+from sweep.run.cost import CostConfig, cost_fields, good_output_tokens
 
 
 def record(index: int, ttft: float, output_tokens: int, success: bool = True) -> RequestRecord:

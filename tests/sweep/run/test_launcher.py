@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import knob_args
-from sweep.launcher import ServerStartError, builtin_command, launch, template_command
+from sweep.run.launcher import ServerStartError, builtin_command, launch, template_command
 
 
 def test_flags_and_templates() -> None:
@@ -82,7 +82,7 @@ def test_the_server_dies_with_the_process_that_launched_it(tmp_path: Path) -> No
     parent = f"""
 import os, shlex, signal, sys
 from pathlib import Path
-from sweep.launcher import launch
+from sweep.run.launcher import launch
 template = shlex.quote(sys.executable) + " -m sweep.mock_server --port {{port}}"
 server = launch("mock", {{}}, Path({str(tmp_path / "server.log")!r}), template=template, health_timeout_s=60).start()
 print(server.process.pid, flush=True)

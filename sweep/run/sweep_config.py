@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep import results
 from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
 from sweep.point.runner import WorkloadConfig
+from sweep.run import results
 
 
 @dataclass
@@ -42,7 +42,7 @@ class SweepConfig:
     search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
     resume: bool = False
     client_procs: int = 1
-    repeats: int = 1  # see sweep/repeats.py
+    repeats: int = 1  # see sweep/run/repeats.py
     calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
     server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.point.server_metrics)
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
@@ -111,7 +111,7 @@ class SweepConfig:
         if self.num_prompts is None and self.duration is None:
             self.num_prompts = 200
         if self.cost_per_hour is not None:
-            from sweep.cost import CostConfig
+            from sweep.run.cost import CostConfig
 
             CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
         if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):

@@ -17,8 +17,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sweep import results
-from sweep.launcher import ServerProcess, launch
 from sweep.point.benchmark_metrics import (
     calculate_metrics,
     percentile_name,
@@ -28,10 +26,19 @@ from sweep.point.client import ClientConfig
 from sweep.point.point_fields import extra_point_fields
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, build_prompts, run_point
-from sweep.repeats import pooled_point, repeat_order
-from sweep.run_info import check_reachable, check_target_healthy, client_fidelity, machine, versions, workload_fidelity
-from sweep.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
-from sweep.sweep_config import SweepConfig
+from sweep.run import results
+from sweep.run.launcher import ServerProcess, launch
+from sweep.run.repeats import pooled_point, repeat_order
+from sweep.run.run_info import (
+    check_reachable,
+    check_target_healthy,
+    client_fidelity,
+    machine,
+    versions,
+    workload_fidelity,
+)
+from sweep.run.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
+from sweep.run.sweep_config import SweepConfig
 
 
 class Sweeper:
@@ -268,10 +275,10 @@ class Sweeper:
         return point
 
     def _add_cost(self, point: dict[str, Any], records: list[RequestRecord], duration: float) -> None:
-        """With --cost-per-hour: the point's cost per million output tokens at its goodput (sweep/cost.py)."""
+        """With --cost-per-hour: the point's cost per million output tokens at its goodput (sweep/run/cost.py)."""
         if self.config.cost_per_hour is None:
             return
-        from sweep.cost import CostConfig, cost_fields
+        from sweep.run.cost import CostConfig, cost_fields
 
         cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
         point.update(cost_fields(records, duration, self.config.slo, cost))

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 import sweep
-import sweep.sweeper
+import sweep.run.sweeper
 from sweep.calibrate import start_mock
-from sweep.launcher import ServerProcess
 from sweep.point.runner import WorkloadConfig
-from sweep.repeats import repeat_order, spread
-from sweep.sweeper import SweepConfig, run_sweep
+from sweep.run.launcher import ServerProcess
+from sweep.run.repeats import repeat_order, spread
+from sweep.run.sweeper import SweepConfig, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,9 @@ def test_spread() -> None:
 
 def test_repeats_pool_into_one_point(mock: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     labels: list[str] = []
-    real_run_point = sweep.sweeper.run_point
+    real_run_point = sweep.run.sweeper.run_point
     monkeypatch.setattr(
-        sweep.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
+        sweep.run.sweeper, "run_point", lambda *a, **k: (labels.append(a[1].label), real_run_point(*a, **k))[1]
     )
     run_dir = run_sweep(config(mock, tmp_path / "run", calibration=True))
     assert labels == ["c0001", "c0002", "c0002", "c0001", "c0001", "c0002"]
@@ -73,7 +73,7 @@ def test_repeats_pool_into_one_point(mock: ServerProcess, tmp_path: Path, monkey
 
 
 def test_resume_keeps_finished_repeats(mock: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_run_point = sweep.sweeper.run_point
+    real_run_point = sweep.run.sweeper.run_point
     calls: list[str] = []
 
     def interrupt_fourth(*args, **kwargs):
@@ -82,7 +82,7 @@ def test_resume_keeps_finished_repeats(mock: ServerProcess, tmp_path: Path, monk
             raise KeyboardInterrupt
         return real_run_point(*args, **kwargs)
 
-    monkeypatch.setattr(sweep.sweeper, "run_point", interrupt_fourth)
+    monkeypatch.setattr(sweep.run.sweeper, "run_point", interrupt_fourth)
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         run_sweep(config(mock, out))
@@ -90,7 +90,7 @@ def test_resume_keeps_finished_repeats(mock: ServerProcess, tmp_path: Path, monk
     assert not list((out / "points").iterdir())
     calls.clear()
     monkeypatch.setattr(
-        sweep.sweeper, "run_point", lambda *a, **k: (calls.append(a[1].label), real_run_point(*a, **k))[1]
+        sweep.run.sweeper, "run_point", lambda *a, **k: (calls.append(a[1].label), real_run_point(*a, **k))[1]
     )
     with pytest.raises(FileExistsError):
         run_sweep(config(mock, out))  # finished repeats are never thrown away without --resume

@@ -20,7 +20,7 @@ import pytest
 import sweep
 from engine.model_files import smollm2_gguf_path
 from sweep.compare_llama_cpp import llama_cpp_command
-from sweep.launcher import ServerProcess, free_port
+from sweep.run.launcher import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.search import SearchConfig, max_load_under_slo
+from sweep.run.search import SearchConfig, max_load_under_slo
 
 
 def attainment_until(capacity: float):
@@ -52,7 +52,7 @@ def test_goal_is_inclusive_and_validated() -> None:
 
 
 def test_repeats_near_the_boundary_give_an_interval() -> None:
-    from sweep.search import confirm_boundary
+    from sweep.run.search import confirm_boundary
 
     # capacity 8 streams, but load 8 is noisy: its repeats fail once; 9 fails every time
     noisy = {(8, 1): 0.85}
