@@ -10,7 +10,7 @@ import typer
 
 from engine.cli_options import knob_option, with_engine_knobs
 from sweep.run.results import ReportRenderer
-from sweep.soak_commands import soak as soak_command
+from sweep.soak.commands import soak as soak_command
 
 LOAD_PANEL = "Load"
 WORKLOAD_PANEL = "Workload"
@@ -336,7 +336,7 @@ def mock_server(
     ),
 ) -> None:
     """An OpenAI-compatible server streaming on a programmed schedule (for calibration and tests)."""
-    from sweep.mock_server import MockConfig, serve
+    from sweep.mock.server import MockConfig, serve
 
     try:
         config = MockConfig(host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model, hang_after_tokens)
@@ -359,7 +359,7 @@ def calibrate(
     output_json: Path | None = typer.Option(None, help="Also write the figures as JSON."),
 ) -> None:
     """Drive a local mock server and report the client's added latency and its maximum streamed chunks/s."""
-    from sweep.calibrate import CalibrateConfig, run_calibration
+    from sweep.mock.calibrate import CalibrateConfig, run_calibration
 
     _interrupt_on_sigterm()
 

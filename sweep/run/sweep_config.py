@@ -43,7 +43,7 @@ class SweepConfig:
     resume: bool = False
     client_procs: int = 1
     repeats: int = 1  # see sweep/run/repeats.py
-    calibration: bool = False  # record sweep/machine_speed.py's figures in config.json (on in `bench sweep`)
+    calibration: bool = False  # record sweep/mock/machine_speed.py's figures in config.json (on in `bench sweep`)
     server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.point.server_metrics)
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
     turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only

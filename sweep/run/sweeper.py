@@ -67,7 +67,7 @@ class Sweeper:
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
         if cfg.calibration:
-            from sweep.machine_speed import machine_calibration
+            from sweep.mock.machine_speed import machine_calibration
 
             with self.console.status("calibrating machine speed (--no-calibration skips it)"):
                 self.calibration = machine_calibration()

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cli
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.client import ClientConfig
 from sweep.point.runner import PointSpec, WorkloadConfig, run_point
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cli
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.runner import PointSpec, send_offsets
 from sweep.rate_curve import parse_rate_curve
 from sweep.run.sweep_config import SweepConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.client import ClientConfig
 from sweep.point.runner import PointSpec, WorkloadConfig, run_point
 from sweep.sessions import group_sessions

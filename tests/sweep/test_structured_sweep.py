@@ -192,7 +192,7 @@ def test_a_sweep_stores_each_verdict_and_the_fraction(tmp_path: Path) -> None:
     """Plumbing through runner, results and report against the mock (whose words never satisfy a schema)."""
     from reports.importers import load_run
     from reports.tables import point_table
-    from sweep.calibrate import start_mock
+    from sweep.mock.calibrate import start_mock
     from sweep.point.runner import WorkloadConfig
     from sweep.run.sweeper import SweepConfig, run_sweep
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import workloads
 from engine.tokenizer import get_tokenizer
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.runner import WorkloadConfig, build_prompts
 
 REPO = Path(__file__).resolve().parents[2]

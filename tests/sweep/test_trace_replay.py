@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import sweep
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.runner import WorkloadConfig
 from sweep.replay import build_replay_prompts, offered_rate
 from sweep.run.launcher import ServerProcess

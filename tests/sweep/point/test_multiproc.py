@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.client import ClientConfig, PromptRequest
 from sweep.point.multiproc import run_point_sharded, split_concurrency
 from sweep.point.runner import PointSpec, schedule

@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 import sweep.commands
-from sweep.mock_server import MockConfig
+from sweep.mock.server import MockConfig
 from sweep.point.client import ClientConfig, PromptRequest, make_session, send_request
 from sweep.point.records import RequestRecord
 from sweep.run.launcher import ServerProcess, launch

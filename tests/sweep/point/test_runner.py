@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.client import ClientConfig, PromptRequest, make_session
 from sweep.point.runner import PointSpec, dispatch, schedule, send_offsets
 from sweep.run.launcher import ServerProcess

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from tests.engine.entrypoints.serve_helpers import _descendants, metric, pid_alive, start_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

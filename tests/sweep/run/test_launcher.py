@@ -50,12 +50,12 @@ def test_flags_and_templates() -> None:
 
 
 def test_template_launch_health_and_stop(tmp_path: Path) -> None:
-    template = f"{shlex.quote(sys.executable)} -m sweep.mock_server --port {{port}} --ttft-ms {{ttft_ms}}"
+    template = f"{shlex.quote(sys.executable)} -m sweep.mock.server --port {{port}} --ttft-ms {{ttft_ms}}"
     server = launch("mock", {"ttft_ms": 1}, tmp_path / "server.log", template=template, health_timeout_s=60)
     with server:
         assert urllib.request.urlopen(server.url + "/models", timeout=5).status == 200
     assert server.process.poll() is not None  # SIGTERM ended it
-    assert "sweep.mock_server" in (tmp_path / "server.log").read_text()  # the command heads the log
+    assert "sweep.mock.server" in (tmp_path / "server.log").read_text()  # the command heads the log
 
 
 def test_start_errors_carry_the_log_tail(tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_the_server_dies_with_the_process_that_launched_it(tmp_path: Path) -> No
 import os, shlex, signal, sys
 from pathlib import Path
 from sweep.run.launcher import launch
-template = shlex.quote(sys.executable) + " -m sweep.mock_server --port {{port}}"
+template = shlex.quote(sys.executable) + " -m sweep.mock.server --port {{port}}"
 server = launch("mock", {{}}, Path({str(tmp_path / "server.log")!r}), template=template, health_timeout_s=60).start()
 print(server.process.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # no cleanup runs: only the kernel can stop the server now

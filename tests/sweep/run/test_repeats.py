@@ -9,7 +9,7 @@ import pytest
 
 import sweep
 import sweep.run.sweeper
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.runner import WorkloadConfig
 from sweep.run.launcher import ServerProcess
 from sweep.run.repeats import repeat_order, spread

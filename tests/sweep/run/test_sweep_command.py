@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import sweep
 import sweep.commands
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.run.launcher import free_port, launch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 
 import sweep
 import sweep.run.sweeper
-from sweep.calibrate import start_mock
+from sweep.mock.calibrate import start_mock
 from sweep.point.runner import WorkloadConfig
 from sweep.run.launcher import ServerProcess
 from sweep.run.sweeper import SweepConfig, Sweeper, run_sweep
@@ -162,7 +162,7 @@ def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
 
 
 def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> None:
-    template = f"{shlex.quote(sys.executable)} -m sweep.mock_server --port {{port}} --ttft-ms 1 --itl-ms 1"
+    template = f"{shlex.quote(sys.executable)} -m sweep.mock.server --port {{port}} --ttft-ms 1 --itl-ms 1"
     cfg = config(None, tmp_path / "run", launch_template=template, num_warmups=0, num_prompts=3)
     with Sweeper(cfg) as sweeper:
         assert sweeper.measure(1)["completed"] == 3
@@ -172,7 +172,7 @@ def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> N
         with pytest.raises(RuntimeError, match="exited with code -9"):
             sweeper.measure(4)
     assert [p.name for p in (tmp_path / "run" / "points").iterdir()] == ["c0001.json"]
-    assert "sweep.mock_server" in (tmp_path / "run" / "server.log").read_text()
+    assert "sweep.mock.server" in (tmp_path / "run" / "server.log").read_text()
 
 
 def test_client_fidelity_audits_token_counts() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from sweep.mock_server import MockConfig, MockServer  # noqa: E402
+from sweep.mock.server import MockConfig, MockServer  # noqa: E402
 
 FAULTS = ("crash", "oom", "oomkill", "hang")
 FAULT_DELAY_S = 0.02  # the stream (10 ms a token) is under way when the fault strikes

@@ -143,7 +143,7 @@ def test_external_template_open_loop_repeats_and_pruning_against_the_mock(tmp_pa
     space = {"max_num_seqs": {"choices": [2, 32]}, "enable_prefix_caching": None, "max_num_batched_tokens": None,
              "enable_chunked_prefill": None, "max_model_len": None, "block_size": None, "tensor_parallel_size": None,
              "speculative_config": None}
-    template = f"{sys.executable} -m sweep.mock_server --port {{port}} --ttft-ms 5 --itl-ms {{max_num_seqs}}"
+    template = f"{sys.executable} -m sweep.mock.server --port {{port}} --ttft-ms 5 --itl-ms {{max_num_seqs}}"
     command = [BENCH, "tune", "--model", "mock", "--tokenizer", "tiny-random", "--slo", "tpot=15",
                "--attainment", "0.5", "--request-rate", "2", "--max-load", "8", "--repeats", "2", "--grid",
                "--space", str(out.parent / "space.json"), "--output-dir", str(out), "--input-len", "16",
@@ -174,7 +174,7 @@ def test_a_shipped_mix_tunes_without_length_options(tmp_path: Path) -> None:
     """Shipped mixes bring their own lengths: the tuner passes none (workloads.load rejects them for a mix)."""
     out = tmp_path / "study"
     (tmp_path / "space.json").write_text(json.dumps(MOCK_SPACE))
-    template = f"{sys.executable} -m sweep.mock_server --port {{port}} --ttft-ms 5 --itl-ms 1"
+    template = f"{sys.executable} -m sweep.mock.server --port {{port}} --ttft-ms 5 --itl-ms 1"
     command = [BENCH, "tune", "--model", "mock", "--tokenizer", "tiny-random", "--workload", "lmsys",
                "--slo", "tpot=500", "--objective", "goodput", "--concurrency", "2", "--n-trials", "1",
                "--space", str(tmp_path / "space.json"), "--output-dir", str(out), "--num-prompts", "3",

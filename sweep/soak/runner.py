@@ -22,8 +22,8 @@ import aiohttp
 
 from sweep.point.client import SSEParser
 from sweep.run.results import write_atomic
-from sweep.soak_report import SoakBounds, summarize, write_report
-from sweep.soak_requests import SoakCase, SoakMix, is_openai_error_body, make_case
+from sweep.soak.cases import SoakCase, SoakMix, is_openai_error_body, make_case
+from sweep.soak.report import SoakBounds, summarize, write_report
 
 REQUESTS_FILE = "requests.jsonl"
 METRICS_FILE = "metrics.jsonl"

@@ -52,7 +52,7 @@ class CalibrateConfig:
 
 def start_mock(ttft_ms: float, itl_ms: float, log_path: Path, workers: int = 1) -> ServerProcess:
     port = free_port()
-    command = [sys.executable, "-m", "sweep.mock_server", "--port", str(port), "--ttft-ms", str(ttft_ms)]
+    command = [sys.executable, "-m", "sweep.mock.server", "--port", str(port), "--ttft-ms", str(ttft_ms)]
     command += ["--itl-ms", str(itl_ms), "--workers", str(workers)]
     return ServerProcess(command=command, host="127.0.0.1", port=port, log_path=log_path, health_timeout_s=60)
 

@@ -1,7 +1,7 @@
 """What `bench soak` sends: valid requests (chat or completions, streamed or not, shared prefixes, max_tokens up to
 the context limit) and malformed ones, each with the answer it must get.
 
-A case is plain data (method, path, body bytes, what counts as a correct answer); sweep/soak.py sends it.
+A case is plain data (method, path, body bytes, what counts as a correct answer); sweep/soak/runner.py sends it.
 """
 
 from __future__ import annotations

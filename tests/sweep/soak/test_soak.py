@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from engine.entrypoints.protocol import ApiError, parse_chat_request, parse_completion_request
-from sweep.soak import parse_metrics
-from sweep.soak_commands import parse_duration
-from sweep.soak_report import SoakBounds, percentile, summarize
-from sweep.soak_requests import MALFORMED_KINDS, SoakMix, is_openai_error_body, make_case, malformed_case
+from sweep.soak.cases import MALFORMED_KINDS, SoakMix, is_openai_error_body, make_case, malformed_case
+from sweep.soak.commands import parse_duration
+from sweep.soak.report import SoakBounds, percentile, summarize
+from sweep.soak.runner import parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

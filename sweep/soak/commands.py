@@ -57,9 +57,9 @@ def soak(
                                     "summary.json, report.html)."),
 ) -> None:
     """Soak an OpenAI endpoint with long mixed, hostile load; report drift; exit 0 pass, 1 fail, 2 unusable."""
-    from sweep.soak import SoakConfig, run_soak
-    from sweep.soak_report import SoakBounds
-    from sweep.soak_requests import SoakMix
+    from sweep.soak.cases import SoakMix
+    from sweep.soak.report import SoakBounds
+    from sweep.soak.runner import SoakConfig, run_soak
 
     try:
         config = SoakConfig(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sweep.calibrate import measure, start_mock
+from sweep.mock.calibrate import measure, start_mock
 from sweep.point.benchmark_metrics import request_tpot
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
 from sweep.run.launcher import ServerProcess

@@ -45,7 +45,7 @@ def cpu_speed(seconds: float = 0.3) -> dict[str, float]:
 
 def client_timing_error(num_prompts: int = 8) -> dict[str, float | None]:
     """The client's TTFT and TPOT error (ms, median) against a mock programmed for 20 ms TTFT and 5 ms gaps."""
-    from sweep.calibrate import measure, start_mock, summarize
+    from sweep.mock.calibrate import measure, start_mock, summarize
     from sweep.point.client import ClientConfig
 
     ttft_ms, itl_ms = 20.0, 5.0
