@@ -12,7 +12,7 @@ import typer
 import engine.commands
 import reports.commands
 import sweep.commands
-import sweep.simulate_commands
+import sweep.simulate.commands
 import sweep.tune.commands
 import workloads
 import workloads.commands
@@ -34,7 +34,7 @@ engine.commands.register(app, groups, load_workload=workloads.load, load_texts=w
 workloads.commands.register(app)
 sweep.commands.register(app, groups, render_report=reports.render_report)
 sweep.tune.commands.register(app, groups, render_report=reports.render_report)
-sweep.simulate_commands.register(app, groups, render_report=reports.render_report)
+sweep.simulate.commands.register(app, groups, render_report=reports.render_report)
 reports.commands.register(app, groups)
 app.add_typer(model_app, name="model")
 app.add_typer(check_app, name="check")

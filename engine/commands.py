@@ -51,10 +51,6 @@ def register(
 
     app.command("decode-profile")(decode_profile)
 
-    from engine.benchmarks.profile import profile
-
-    app.command("profile")(profile)
-
     from engine.benchmarks.structured_outputs import structured_outputs_bench
 
     app.command("structured-outputs")(structured_outputs_bench)

@@ -1,4 +1,5 @@
-"""`bench report`, `bench gate` and `bench ab`. Heavy modules (pandas, matplotlib) are imported inside each command."""
+"""`bench report`, `bench gate`, `bench ab` and `bench lab gate-study` (hidden old name:
+`bench gate-study`). Heavy modules (pandas, matplotlib) are imported inside each command."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from engine.cli_options import knob_option, with_engine_knobs
+from engine.cli_options import knob_option, renamed_command, with_engine_knobs
 
 if TYPE_CHECKING:
     from reports.gate import GateResult
@@ -295,8 +296,9 @@ def gate_study(
 
 
 def register(app: typer.Typer, groups: dict[str, typer.Typer]) -> None:
-    """Add this package's commands to the `bench` app."""
+    """Add this package's commands to the `bench` app and its `lab` group."""
     app.command("report")(report)
     app.command("gate")(gate)
     app.command("ab")(ab)
-    app.command("gate-study")(gate_study)
+    groups["lab"].command("gate-study")(gate_study)
+    app.command("gate-study", hidden=True)(renamed_command(gate_study, "bench lab gate-study"))

@@ -1,4 +1,4 @@
-"""`bench gate-study`: the gate's false-alarm and detection rates, measured on real interleaved A/B runs.
+"""`bench lab gate-study`: the gate's false-alarm and detection rates, measured on real interleaved A/B runs.
 
 Procedure (docs/GATE.md):
 1. A/A: `--aa-trials` runs of `bench ab` with both sides the same git ref.

@@ -1,4 +1,4 @@
-"""`bench calibrate`: how much the client itself adds, measured against the mock server's known timing.
+"""`bench lab calibrate`: how much the client itself adds, measured against the mock server's known timing.
 
 For each concurrency: start the mock (programmed TTFT and inter-token gap), open keep-alive connections with
 one warm-up wave, then run closed-loop requests and compare measured TTFT and TPOT with the programmed values

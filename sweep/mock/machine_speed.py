@@ -6,7 +6,7 @@ busy neighbour) measures the machine, not the code. The figures are fixed micro-
 machine, which on this project's CI is also the engine's: a float32 matrix multiply (numpy's BLAS, the kind
 of work the CPU engine does) and a pure-Python loop (the kind of work the client and the server's Python
 do). `client` holds the load generator's own timing error against the mock server's programmed timing
-(`bench calibrate`, one stream).
+(`bench lab calibrate`, one stream).
 """
 
 from __future__ import annotations

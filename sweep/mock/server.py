@@ -1,4 +1,4 @@
-"""`bench mock-server`: an OpenAI-compatible server that streams on a programmed schedule.
+"""`bench lab mock-server`: an OpenAI-compatible server that streams on a programmed schedule.
 
 Each request's first token leaves `ttft_ms` after the request arrives and token k (0-based) leaves at
 `ttft_ms + k * itl_ms`, on an absolute schedule so timer slack does not accumulate. Output length is

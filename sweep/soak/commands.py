@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from sweep.cli_options import shared_option
+
 SOAK_EXIT_PASS, SOAK_EXIT_FAIL, SOAK_EXIT_UNUSABLE = 0, 1, 2
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -27,9 +29,9 @@ def parse_duration(text: str) -> float:
 
 def soak(
     url: str = typer.Option(..., help="OpenAI base URL, e.g. http://HOST:PORT/v1 (/metrics is read from its root)."),
-    duration: str = typer.Option("10m", help="How long to send: seconds, or 90s, 10m, 1h."),
+    duration: str = shared_option("duration", "10m", help="How long to send: seconds, or 90s, 10m, 1h."),
     num_requests: int | None = typer.Option(None, help="Stop after this many requests (if before --duration)."),
-    concurrency: int = typer.Option(16, help="Requests in flight."),
+    concurrency: int = shared_option("concurrency", 16, help="Requests in flight."),
     mix: str | None = typer.Option(
         None, help="Shares, e.g. cancel=0.1,disconnect=0.05,malformed=0.1,stream=0.5,chat=0.3,prefix=0.5,"
         "long_output=0.02 (unnamed ones keep these defaults)."

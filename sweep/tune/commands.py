@@ -1,4 +1,6 @@
-"""`bench tune`: Optuna search over engine knobs for goodput under an SLO. Heavy imports stay inside the command."""
+"""`bench tune` (Optuna search over engine knobs for goodput under an SLO), `bench lab tune-efficiency` and
+`bench lab tune-launches` (hidden old names: `bench tune-efficiency`, `bench tune-launches`). Heavy imports stay
+inside the commands."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Any
 
 import typer
 
+from engine.cli_options import renamed_command
+from sweep.cli_options import shared_option
 from sweep.run.results import ReportRenderer, write_atomic
 from sweep.tune.replay_commands import tune_efficiency, tune_launches
 
@@ -80,8 +84,8 @@ def best_commands(study: Any, model: str, launch_command: str | None) -> list[di
 def tune(
     ctx: typer.Context,
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
-    slo: str = typer.Option(..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
-    attainment: float = typer.Option(0.9, help="Fraction of requests that must meet the SLO."),
+    slo: str = shared_option("slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
+    attainment: float = shared_option("attainment", help="Fraction of requests that must meet the SLO."),
     objective: str = typer.Option("max-load", help="max-load | goodput | pareto | cost (needs --cost-per-hour)."),
     n_trials: int | None = typer.Option(None, help="Finished trials the study should hold, all workers together "
                                         "(default 20; with --grid, the grid's size)."),
@@ -90,17 +94,25 @@ def tune(
     study_name: str | None = typer.Option(None, help="Study name; default derived from model, workload, objective."),
     space: Path | None = typer.Option(None, help="YAML/JSON file overriding the search space."),
     output_dir: Path = typer.Option(Path("results/tune"), help="Study DB, trial run directories, tune_report.html."),
-    workload: str = typer.Option("random", help="Workload: a shipped mix, fixed, random, or a trace file."),
-    input_len: int | None = typer.Option(None, help="Prompt tokens for generated workloads (fixed/random: 256)."),
-    output_len: int | None = typer.Option(None, help="Output tokens for generated workloads (fixed/random: 64)."),
-    num_prompts: int = typer.Option(32, help="Prompts per load point (at least the point's concurrency)."),
-    num_warmups: int = typer.Option(1, help="Warm-up prompts before each point (not measured)."),
-    endpoint: str = typer.Option("completions", help="completions | chat."),
+    workload: str = shared_option("workload", help="Workload: a shipped mix, fixed, random, or a trace file."),
+    input_len: int | None = shared_option(
+        "input_len", help="Prompt tokens for generated workloads (fixed/random: 256)."
+    ),
+    output_len: int | None = shared_option(
+        "output_len", help="Output tokens for generated workloads (fixed/random: 64)."
+    ),
+    num_prompts: int = shared_option(
+        "num_prompts", 32, help="Prompts per load point (at least the point's concurrency)."
+    ),
+    num_warmups: int = shared_option("num_warmups", 1, help="Warm-up prompts before each point (not measured)."),
+    endpoint: str = shared_option("endpoint"),
     seed: int = typer.Option(0, help="Workload and sampler seed."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer for prompt synthesis; default the model."),
-    concurrency: int | None = typer.Option(None, help="Closed loop: fixed load (goodput/pareto) or search start."),
-    request_rate: float | None = typer.Option(None, help="Open loop (req/s): fixed load or search start."),
-    max_load: float = typer.Option(64, help="max-load: the search never goes above this load."),
+    concurrency: int | None = shared_option(
+        "concurrency", help="Closed loop: fixed load (goodput/pareto) or search start."
+    ),
+    request_rate: float | None = shared_option("request_rate", help="Open loop (req/s): fixed load or search start."),
+    max_load: float = shared_option("max_load", 64, help="max-load: the search never goes above this load."),
     launch_command: str | None = typer.Option(
         None, help="External engine template, e.g. 'vllm serve {model} --port {port} --max-num-seqs {max_num_seqs}'."
     ),
@@ -113,7 +125,7 @@ def tune(
     grid: bool = typer.Option(False, help="Measure every combination of the space once (Optuna GridSampler) "
                               "instead of TPE; --n-trials defaults to the grid's size."),
     simulate_first: Path | None = typer.Option(
-        None, help="A `bench profile` JSON: simulate every configuration first; launch all but those predicted "
+        None, help="A `bench model profile` JSON: simulate every configuration first; launch all but those predicted "
         "infeasible, or worse than the best measured trial by --prune-margin even with --prune-step-error faster "
         "steps (docs/TUNE.md)."
     ),
@@ -123,10 +135,11 @@ def tune(
         "profile", help="--simulate-first: before pruning, simulate again with every step 1/(1+E) as long; E is "
         "'profile' (the profile's leave-one-out max step-time error) or a number >= 0 (0: no second simulation)."
     ),
-    cost_per_hour: float | None = typer.Option(
-        None, help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it)."
+    cost_per_hour: float | None = shared_option(
+        "cost_per_hour",
+        help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it).",
     ),
-    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
+    gpus_per_instance: int = shared_option("gpus_per_instance"),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
         "are infeasible, cause quality (measured with `bench quality` once per weight and KV-cache dtype setting, "
@@ -177,7 +190,7 @@ def tune(
                                                             chunk_tokens=quality_chunk))
         profile, step_error = None, 0.0
         if simulate_first is not None:
-            from sweep.simulate_run import load_profile
+            from sweep.simulate.simulation import load_profile
             from sweep.tune.simulate_first import resolve_step_error
 
             profile = load_profile(simulate_first)
@@ -313,9 +326,11 @@ def tune(
 
 
 def register(app: typer.Typer, groups: dict[str, typer.Typer], render_report: ReportRenderer | None = None) -> None:
-    """Add `bench tune`, `bench tune-efficiency` and `bench tune-launches` to the `bench` app; `render_report`
+    """Add `bench tune`, `bench lab tune-efficiency` and `bench lab tune-launches` to the `bench` app; `render_report`
     renders the best trial's sweep report, linked from tune_report.html (it reaches `tune` as its context's `obj`;
     without one, no link)."""
     app.command("tune", context_settings={"obj": render_report})(tune)
-    app.command("tune-efficiency")(tune_efficiency)
-    app.command("tune-launches")(tune_launches)
+    groups["lab"].command("tune-efficiency")(tune_efficiency)
+    groups["lab"].command("tune-launches")(tune_launches)
+    app.command("tune-efficiency", hidden=True)(renamed_command(tune_efficiency, "bench lab tune-efficiency"))
+    app.command("tune-launches", hidden=True)(renamed_command(tune_launches, "bench lab tune-launches"))

@@ -125,7 +125,7 @@ def load_grid(path: Path) -> dict[str, Any]:
     return grid
 
 
-# --- `bench tune-launches`: engines launched to reach near-best, with and without --simulate-first -------------------
+# --- `bench lab tune-launches`: engines launched to reach near-best, with and without --simulate-first -----------
 
 NOT_LAUNCHED_CAUSES = ("constraint", "quality")  # decided before any engine start (vLLM's static rules, perplexity)
 

@@ -1,4 +1,5 @@
-"""`bench tune-efficiency` and `bench tune-launches`: read recorded tune studies afterwards (no engine, no timing)."""
+"""`bench lab tune-efficiency` and `bench lab tune-launches`: read recorded tune studies afterwards
+(no engine, no timing)."""
 
 from __future__ import annotations
 

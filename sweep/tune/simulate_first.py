@@ -1,7 +1,7 @@
 """`bench tune --simulate-first PROFILE`: every configuration is simulated before it is launched.
 
 `SimulatedBackend` is a `TrialBackend` whose "engine" is `bench simulate`'s (the real scheduler and KV manager in
-virtual time, sweep/simulate_run.py): the objective is evaluated on it exactly as on a real engine (the same
+virtual time, sweep/simulate/simulation.py): the objective is evaluated on it exactly as on a real engine (the same
 max-load search or fixed-load point), into `trial_NNNN/simulated/`. `SimulateFirstObjective` then launches the
 configuration for real unless the prediction is hopeless (`SimulateFirstObjective.decide`): a configuration
 the engine would refuse (it cannot hold a sequence) is PRUNED at once; one predicted to miss the attainment target
@@ -72,7 +72,7 @@ def scaled_profile(profile: Any, factor: float) -> Any:
 
 
 class SimulatedBackend:
-    """A `TrialBackend` that simulates each configuration with a `bench profile` cost model."""
+    """A `TrialBackend` that simulates each configuration with a `bench model profile` cost model."""
 
     def __init__(self, profile: Any, workload: TrialWorkload, extra_knobs: dict[str, Any] | None = None,
                  subdir: str = "simulated") -> None:
@@ -90,10 +90,10 @@ class SimulatedBackend:
 
         from sweep.point.runner import WorkloadConfig
         from sweep.run.cost import CostConfig
-        from sweep.simulate_run import SimulateConfig, Simulator
+        from sweep.simulate.simulation import SimulateConfig, Simulator
 
         w = self.workload
-        from sweep.simulate_run import PROFILE_FIXED_KNOBS
+        from sweep.simulate.simulation import PROFILE_FIXED_KNOBS
 
         wanted = {**self.extra_knobs, **knobs, "model": w.model}
         if wanted.get("speculative_config") is not None:

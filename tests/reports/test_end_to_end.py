@@ -1,4 +1,4 @@
-"""End to end: `bench sweep` against `bench mock-server`, then `bench report` and `bench gate` on the runs."""
+"""End to end: `bench sweep` against `bench lab mock-server`, then `bench report` and `bench gate` on the runs."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def _free_port() -> int:
 @contextmanager
 def mock_server(itl_ms: float):
     port = _free_port()
-    proc = subprocess.Popen([*BENCH, "mock-server", "--port", str(port), "--ttft-ms", "20", "--itl-ms", str(itl_ms)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [*BENCH, "lab", "mock-server", "--port", str(port), "--ttft-ms", "20", "--itl-ms", str(itl_ms)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:

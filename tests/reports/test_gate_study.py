@@ -1,4 +1,5 @@
-"""`bench gate-study`'s analysis: subsets of a trial's requests, Wilson intervals, verdict rates per gate variant."""
+"""`bench lab gate-study`'s analysis: subsets of a trial's requests, Wilson intervals, verdict rates per
+gate variant."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_report_for_the_fixture_run(tmp_path, fixture_run):
 
 
 def test_cli_on_a_real_sweep_reevaluates_the_slo(tmp_path, fixtures_dir):
-    mock_sweep = fixtures_dir / "mock_sweep"  # `bench sweep` against `bench mock-server` (TTFT 20 ms, gap 5 ms)
+    mock_sweep = fixtures_dir / "mock_sweep"  # `bench sweep` against `bench lab mock-server` (TTFT 20 ms, gap 5 ms)
     result = CliRunner().invoke(app, ["report", str(mock_sweep), "--slo", "ttft=1,tpot=1000", "--out", str(tmp_path),
                                       "--timeline-point", "c0001"])
     assert result.exit_code == 0, result.output

@@ -1,6 +1,6 @@
 """A stream that stalls, or a request that runs past its timeout, is a failed request with its reason, and the
 sweep finishes instead of hanging (`bench sweep --stall-timeout/--request-timeout`,
-`bench mock-server --hang-after-tokens`)."""
+`bench lab mock-server --hang-after-tokens`)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ HANG_AFTER = 2
 
 @pytest.fixture(scope="module")
 def hanging_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The mock through `bench mock-server`: every stream goes silent after HANG_AFTER tokens."""
+    """The mock through `bench lab mock-server`: every stream goes silent after HANG_AFTER tokens."""
     template = (f"{shlex.quote(sys.executable)} -m cli mock-server --port {{port}} --ttft-ms 1 --itl-ms 1 "
                 f"--hang-after-tokens {HANG_AFTER}")  # fmt: skip
     log = tmp_path_factory.mktemp("mock") / "mock.log"
@@ -78,7 +78,7 @@ def test_a_sweep_against_a_stalling_server_records_the_failures_and_finishes(
 ) -> None:
     out = tmp_path / "run"
     app = typer.Typer()
-    sweep.commands.register(app, {})
+    sweep.commands.register(app, {"lab": typer.Typer()})
     args = ["sweep", "--url", hanging_mock.url, "--model", "mock", "--tokenizer", "tiny-random", "--workload",
             "fixed", "--input-len", "8", "--output-len", "6", "--num-prompts", "3", "--concurrency", "2",
             "--no-calibration", "--stall-timeout", "0.3", "--request-timeout", "0",

@@ -19,7 +19,7 @@ import pytest
 from sweep.mock.calibrate import start_mock
 from tests.engine.entrypoints.serve_helpers import _descendants, metric, pid_alive, start_server, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 POINTS = ["c0001", "c0002", "c0004"]
 NUM_PROMPTS = 12
 

@@ -22,7 +22,7 @@ from engine.model_files import smollm2_gguf_path
 from sweep.compare_llama_cpp import llama_cpp_command
 from sweep.run.launcher import ServerProcess, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 180
 
 

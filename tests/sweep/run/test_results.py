@@ -10,7 +10,7 @@ import pytest
 
 from sweep.run.results import concurrency_label, load_results, open_run, rate_label
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sweep_a"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "sweep_a"
 
 
 def test_labels() -> None:

@@ -19,7 +19,7 @@ import sweep.commands
 from sweep.mock.calibrate import start_mock
 from sweep.run.launcher import free_port, launch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -152,7 +152,7 @@ def test_resume_and_client_procs_flags(tmp_path: Path) -> None:
 
 def test_calibrate_reports_added_latency_and_chunk_rate(tmp_path: Path) -> None:
     report_path = tmp_path / "calibration.json"
-    args = ["calibrate", "--concurrency", "1,4", "--num-prompts", "8", "--output-len", "4"]
+    args = ["lab", "calibrate", "--concurrency", "1,4", "--num-prompts", "8", "--output-len", "4"]
     done = bench(*args, "--ttft-ms", "5", "--itl-ms", "2", "--output-json", str(report_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "maximum streamed chunks/s at concurrency 4" in done.stderr
@@ -164,16 +164,16 @@ def test_calibrate_reports_added_latency_and_chunk_rate(tmp_path: Path) -> None:
         assert isinstance(figures["tpot_error_p99_ms"], float)
         assert figures["chunks_per_s"] > 0
     assert report["max_rate"]["concurrency"] == 4 and report["max_rate"]["chunks_per_s"] > 0
-    bad = bench("calibrate", "--concurrency", "0")
+    bad = bench("lab", "calibrate", "--concurrency", "0")
     assert bad.returncode == 2 and "concurrencies must be positive" in bad.stderr
 
 
 def test_mock_server_command_serves_and_rejects_bad_timing(tmp_path: Path) -> None:
-    template = f"{shlex.quote(sys.executable)} -m cli mock-server --port {{port}} --ttft-ms 1 --itl-ms 1 --model m1"
+    template = f"{shlex.quote(sys.executable)} -m cli lab mock-server --port {{port}} --ttft-ms 1 --itl-ms 1 --model m1"
     with launch("m1", {}, tmp_path / "mock.log", template=template, health_timeout_s=60) as server:
         models = json.loads(urllib.request.urlopen(server.url + "/models", timeout=5).read())
         assert [m["id"] for m in models["data"]] == ["m1"]
-    bad = bench("mock-server", "--ttft-ms", "-1")
+    bad = bench("lab", "mock-server", "--ttft-ms", "-1")
     assert bad.returncode == 2 and "ttft_ms and itl_ms must be >= 0" in bad.stderr
 
 
@@ -182,7 +182,7 @@ def test_the_report_is_rendered_by_the_renderer_the_command_layer_hands_in(tmp_p
     common = ["--model", "mock", "--tokenizer", "tiny-random", "--workload", "fixed", "--input-len", "16"]
     common += ["--output-len", "4", "--num-prompts", "2", "--concurrency", "1", "--slo", "ttft=5000"]
     bare, bare_dir = typer.Typer(), tmp_path / "bare"
-    sweep.commands.register(bare, {})
+    sweep.commands.register(bare, {"lab": typer.Typer()})
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         with start_mock(2.0, 1.0, tmp_path / "mock.log") as mock:

@@ -17,7 +17,7 @@ from sweep.soak.commands import parse_duration
 from sweep.soak.report import SoakBounds, percentile, summarize
 from sweep.soak.runner import parse_metrics
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_mix_parse_and_errors() -> None:

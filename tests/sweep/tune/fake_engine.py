@@ -1,4 +1,4 @@
-"""A fake OpenAI engine for the tuner tests: `bench mock-server`, plus a fault chosen by its knob value.
+"""A fake OpenAI engine for the tuner tests: `bench lab mock-server`, plus a fault chosen by its knob value.
 
     python fake_engine.py --port P --max-num-seqs N --faults 3=crash,5=oom,7=hang,9=oomkill
 

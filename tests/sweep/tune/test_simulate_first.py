@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 from tune_fakes import FakeBackend
 
-from sweep.simulate_run import load_profile
+from sweep.simulate.simulation import load_profile
 from sweep.tune.backend import TrialWorkload
 from sweep.tune.objective import NO_COST, Infeasible, ObjectiveSpec, fixed_load_evaluation
 from sweep.tune.simulate_first import (

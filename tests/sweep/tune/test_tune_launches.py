@@ -1,4 +1,4 @@
-"""`bench tune-launches`: engines launched to reach near-best, hand-computed on two five-trial studies."""
+"""`bench lab tune-launches`: engines launched to reach near-best, hand-computed on two five-trial studies."""
 
 from __future__ import annotations
 
@@ -81,14 +81,14 @@ def test_the_command_reads_two_tune_directories(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         _study(f"sqlite:///{tmp_path / name / 'tune.db'}", trials)
     out = tmp_path / "launches.json"
-    result = CliRunner().invoke(app, ["tune-launches", str(tmp_path / "full"), f"simfirst={tmp_path / 'sf'}",
+    result = CliRunner().invoke(app, ["lab", "tune-launches", str(tmp_path / "full"), f"simfirst={tmp_path / 'sf'}",
                                       "--output-json", str(out)], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert "target 19" in result.output
     assert "2 pairs, |difference| median 7.6%, max 10.0%" in result.output  # (5.1 % + 10 %) / 2
     saved = json.loads(out.read_text())
     assert saved["studies"]["simfirst"]["launches_to_target"] == 2 and saved["studies"]["full"]["launched"] == 4
-    bad = CliRunner().invoke(app, ["tune-launches", str(tmp_path / "full"), str(tmp_path / "sf")])
+    bad = CliRunner().invoke(app, ["lab", "tune-launches", str(tmp_path / "full"), str(tmp_path / "sf")])
     assert bad.exit_code == 2 and "NAME=DIR" in bad.output
     with pytest.raises(ValueError, match="no tune.db"):
         open_single_study(str(tmp_path / "nowhere"))

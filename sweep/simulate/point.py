@@ -8,7 +8,7 @@ a concurrency cap, or gamma/Poisson arrivals at a rate), each request's max_toke
 ignore_eos. A request joins the engine at the first step boundary after it is sent, as a server polls its queue
 between steps; one sent exactly at a boundary (a closed-loop client refilling a slot when a request finishes)
 joins at the next one unless the engine is idle, since a real client's round trip is longer than zero and the
-engine has started its next step by then. With the profile's hand-over terms (sweep/simulate_api.py) a request
+engine has started its next step by then. With the profile's hand-over terms (sweep/simulate/api_process.py) a request
 instead reaches the engine when the API process hands it over, serially after the requests sent before it: it
 joins the first step boundary at or after that, and an idle engine starts its step at the first hand-over with
 only the requests handed over by then. Its tokens are "streamed" at the end of the step that produced them.
@@ -40,7 +40,7 @@ from engine.executor.simulated import SimulatedExecutor, VirtualClock
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from sweep.point.records import RequestRecord
-from sweep.simulate_api import ApiProcess
+from sweep.simulate.api_process import ApiProcess
 
 TOKEN_ID_RANGE = (1000, 30000)  # ids prompts are drawn from: clear of special tokens, inside any real vocabulary
 

@@ -1,4 +1,5 @@
-"""`bench profile`: time the model runner over a grid of step shapes and fit the step-time cost model.
+"""The step-cost profile behind `bench model profile`: time the model runner over a grid of step shapes and fit the
+step-time cost model.
 
 Each grid point is one engine step built by hand: prefill chunks of P tokens (over C tokens of cached context) and
 D decodes over L tokens of context each, run as a real SchedulerOutput through `ModelRunner.execute_model` and
@@ -17,18 +18,12 @@ tensor-parallel size 1: the in-process runner), the machine and the versions.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
-
-import typer
-
-from engine.cli_options import knob_option, with_engine_knobs
 
 PROFILE_KIND = "servelab-step-profile"
 
@@ -133,7 +128,7 @@ def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, ec
 
     config = EngineConfig.from_kwargs(**knobs)
     if config.parallel_config.tensor_parallel_size != 1:
-        raise ValueError("bench profile times the in-process model runner: tensor_parallel_size must be 1")
+        raise ValueError("bench model profile times the in-process model runner: tensor_parallel_size must be 1")
     max_model_len = config.model_config.max_model_len
     assert max_model_len is not None
     too_long = [p for p in grid if p.longest > max_model_len]
@@ -194,45 +189,3 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return out
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise typer.BadParameter(f"{flag} needs positive integers, got {text!r}")
-    return sorted(set(values))
-
-
-@with_engine_knobs
-def profile(
-    engine_knobs: dict[str, Any],
-    model: str = knob_option("model", "smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
-    prefill_tokens: str = typer.Option("16,64,256,1024", help="Prefill chunk sizes (tokens) of the grid."),
-    decode_seqs: str = typer.Option("1,4,16,64", help="Decode batch sizes of the grid."),
-    context_lens: str = typer.Option("128,512,1024", help="Context lengths (tokens) the decodes attend over."),
-    repeats: int = typer.Option(3, help="Timed runs per grid step (the median is kept), after one warm-up."),
-    output: Path = typer.Option(Path("profile.json"), help="Where to write the profile."),
-) -> None:
-    """Time the model runner over a grid of step shapes and fit the step-time cost model `bench simulate` uses."""
-    from engine.benchmarks.throughput import _clean_errors
-
-    if repeats < 1:
-        raise typer.BadParameter(f"--repeats must be >= 1, got {repeats}")
-    grid = default_grid(
-        _ints(prefill_tokens, "--prefill-tokens"), _ints(decode_seqs, "--decode-seqs"),
-        _ints(context_lens, "--context-lens"),
-    )  # fmt: skip
-    with _clean_errors():
-        data = profile_model({**engine_knobs, "model": model}, grid, repeats, echo=typer.echo)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(data, indent=2) + "\n")
-    error = data["cost_model"]["fit_error"]
-    typer.echo(
-        f"fit error: mean {100 * error['mean_rel_error']:.1f} %, max {100 * error['max_rel_error']:.1f} % in sample"
-        + (f"; leave-one-out mean {100 * error['loo_mean_rel_error']:.1f} %, max "
-           f"{100 * error['loo_max_rel_error']:.1f} %" if "loo_mean_rel_error" in error else "")
-    )  # fmt: skip
-    typer.echo(f"profile: {output}")

@@ -14,8 +14,8 @@ from engine.executor.simulated import SimulatedExecutor
 from sweep.point.benchmark_metrics import calculate_metrics
 from sweep.point.runner import WorkloadConfig
 from sweep.run.results import load_results
-from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
-from sweep.simulate_run import SimulateConfig, engine_config, load_profile, run_simulation
+from sweep.simulate.point import SimulatedRequest, prompt_token_ids, simulate_point
+from sweep.simulate.simulation import SimulateConfig, engine_config, load_profile, run_simulation
 from workloads.spec import RequestSpec
 
 COST = CostModel({"overhead": 0.010, "tokens": 0.001})  # 10 ms a step + 1 ms a token
@@ -122,7 +122,7 @@ def test_simulate_refuses_knobs_the_profile_did_not_measure(tmp_path: Path, prof
             output_dir=tmp_path, profile=load_profile(profile_path), engine_knobs={"kv_cache_dtype": "bfloat16"}
         )
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ValueError, match="not a `bench profile` file"):
+    with pytest.raises(ValueError, match="not a `bench model profile` file"):
         load_profile(tmp_path / "bad.json")
 
 

@@ -13,11 +13,11 @@ from engine.engine_core import EngineCore
 from engine.executor.cost_model import CostModel
 from engine.executor.simulated import SimulatedExecutor
 from sweep.point.runner import WorkloadConfig
-from sweep.simulate import SimulatedRequest, simulate_point
-from sweep.simulate_api import replay
-from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
+from sweep.simulate.api_process import replay
+from sweep.simulate.point import SimulatedRequest, simulate_point
+from sweep.simulate.simulation import SimulateConfig, load_profile, run_simulation
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 COST = CostModel({"overhead": 0.010, "tokens": 0.001})  # 10 ms a step + 1 ms a token
 HAND_OVER = (0.001, 0.0005)  # 1 ms a request on the event loop, 0.5 ms a prompt token on the tokenizer
 

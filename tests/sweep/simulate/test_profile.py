@@ -1,4 +1,4 @@
-"""bench profile: hand-built steps have the intended shapes; a tiny profile fits and records what it measured."""
+"""bench model profile: hand-built steps have the intended shapes; a tiny profile fits and records what it measured."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine.benchmarks.profile import GridPoint, build_step, default_grid, profile_model
 from engine.executor.cost_model import CostModel, StepShape
+from sweep.simulate.profile import GridPoint, build_step, default_grid, profile_model
 
 
 def test_a_grid_step_has_the_shape_it_names() -> None:
@@ -48,7 +48,7 @@ def test_profile_of_the_tiny_model_fits_its_measurements() -> None:
 def test_profile_command_rejects_a_bad_grid(tmp_path: Path) -> None:
     from cli import app
 
-    result = CliRunner().invoke(app, ["profile", "--model", "tiny-random", "--decode-seqs", "0,4",
+    result = CliRunner().invoke(app, ["model", "profile", "--model", "tiny-random", "--decode-seqs", "0,4",
                                       "--output", str(tmp_path / "p.json")])  # fmt: skip
     assert result.exit_code != 0 and "positive integers" in result.output
     assert not (tmp_path / "p.json").exists()

@@ -1,4 +1,4 @@
-"""bench profile-serving: the serving terms fitted to measured runs."""
+"""bench lab profile-serving: the serving terms fitted to measured runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from sweep.point.runner import WorkloadConfig
-from sweep.serving_fit import CalibrationPoint, HandOverSample, calibrate, fit_hand_over, fit_terms, hand_over_samples
-from sweep.simulate_api import replay
-from sweep.simulate_run import SimulateConfig, load_profile, run_simulation
+from sweep.simulate.api_process import replay
+from sweep.simulate.serving_fit import (
+    CalibrationPoint,
+    HandOverSample,
+    calibrate,
+    fit_hand_over,
+    fit_terms,
+    hand_over_samples,
+)
+from sweep.simulate.simulation import SimulateConfig, load_profile, run_simulation
 
 
 def test_fit_terms_recovers_a_per_step_and_a_per_sequence_cost() -> None:

@@ -25,7 +25,7 @@ from rich.console import Console
 from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
 from sweep.point.runner import PointSpec, WorkloadConfig, schedule
 from sweep.run import results
-from sweep.simulate import SimulatedRequest, prompt_token_ids, simulate_point
+from sweep.simulate.point import SimulatedRequest, prompt_token_ids, simulate_point
 
 PROFILE_KIND = "servelab-step-profile"
 PROFILE_FIXED_KNOBS = ("model", "dtype", "quantization", "kv_cache_dtype", "device", "tensor_parallel_size")
@@ -33,7 +33,7 @@ PROFILE_FIXED_KNOBS = ("model", "dtype", "quantization", "kv_cache_dtype", "devi
 
 @dataclass
 class Profile:
-    """A `bench profile` file: the cost model plus what it was measured on."""
+    """A `bench model profile` file: the cost model plus what it was measured on."""
 
     path: Path
     data: dict[str, Any]
@@ -55,11 +55,11 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"--profile {path}: no such file; make one with `bench profile`") from None
+        raise FileNotFoundError(f"--profile {path}: no such file; make one with `bench model profile`") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--profile {path}: not JSON ({e})") from None
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
-        raise ValueError(f"--profile {path}: not a `bench profile` file (kind must be {PROFILE_KIND!r})")
+        raise ValueError(f"--profile {path}: not a `bench model profile` file (kind must be {PROFILE_KIND!r})")
     try:
         cost_model = CostModel.from_dict(data["cost_model"])
     except (KeyError, ValueError) as e:
@@ -107,7 +107,7 @@ class SimulateConfig:
             if given is not None and profiled is not None and given != profiled:
                 raise ValueError(
                     f"--{name.replace('_', '-')} {given}: the profile {self.profile.path} was measured with "
-                    f"{name}={profiled}; run `bench profile` for that configuration"
+                    f"{name}={profiled}; run `bench model profile` for that configuration"
                 )
 
     @property

@@ -1,6 +1,6 @@
-"""`bench profile-serving`: fit a profile's serving terms to measured `bench sweep` runs.
+"""`bench lab profile-serving`: fit a profile's serving terms to measured `bench sweep` runs.
 
-`bench profile` times the model runner and the sampler; a served engine's step also pays the engine core around
+`bench model profile` times the model runner and the sampler; a served engine's step also pays the engine core around
 them (scheduling, sampling metadata, the output queue) and, per streamed token, the API process (detokenisation,
 SSE, HTTP), which on a CPU machine runs on the model's cores. Those costs are not a fudge factor on the step: they
 are two measured terms of the cost model (engine/executor/cost_model.py), a fixed cost per step and a cost per
@@ -17,7 +17,7 @@ the prediction non-linear in the step time, the fit is repeated on the refitted 
 (`rounds`). Calibrate on runs that the validation does not use.
 
 The hand-over terms (the API process's time per request and per prompt token before a request reaches the
-engine, sweep/simulate_api.py) are fitted first, from the runs' own timestamps rather than by simulation: each
+engine, sweep/simulate/api_process.py) are fitted first, from the runs' own timestamps rather than by simulation: each
 request's client send time and the server's `received_time` (when the API process handed it to the engine, same
 machine clock after `epoch_offset`) are replayed through the hand-over model, minimising the absolute error
 (a request stalled by a new connection does not move the fit). With one prompt length in every run the per-token
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from sweep.simulate_run import Profile
+from sweep.simulate.simulation import Profile
 
 
 @dataclass
@@ -64,7 +64,7 @@ def simulate_like(run_dir: Path, profile: Profile, output_dir: Path) -> dict[str
     from rich.console import Console
 
     from sweep.point.runner import WorkloadConfig
-    from sweep.simulate_run import SimulateConfig, Simulator
+    from sweep.simulate.simulation import SimulateConfig, Simulator
 
     config = run_config(run_dir)
     target, sweep = config["target"], config["sweep"]
@@ -157,7 +157,7 @@ def fit_hand_over(samples: list[HandOverSample], iterations: int = 30) -> dict[s
     piecewise linear in the terms, so each iteration linearises it where it stands (finite differences) and
     solves a reweighted non-negative least squares (iteratively reweighted: an L1 fit)."""
     from engine.executor.cost_model import nnls
-    from sweep.simulate_api import replay
+    from sweep.simulate.api_process import replay
 
     if not any(s.send_times for s in samples):
         raise ValueError("no request has the server's received_time: cannot fit the hand-over")

@@ -1,0 +1,243 @@
+"""`bench sweep`: load against an OpenAI endpoint (or the built-in engine), written as a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from engine.cli_options import knob_option, with_engine_knobs
+from sweep.cli_options import (
+    LOAD_PANEL,
+    WORKLOAD_PANEL,
+    fail,
+    floats,
+    interrupt_on_sigterm,
+    render_run_report,
+    shared_option,
+    synthetic_lengths,
+)
+
+
+@with_engine_knobs
+def sweep(
+    ctx: typer.Context,
+    engine_knobs: dict[str, Any],
+    concurrency: str | None = shared_option("concurrency"),
+    request_rate: str | None = shared_option("request_rate"),
+    replay: bool = typer.Option(
+        False, "--replay", help="Send each request at its trace timestamp (a workload with timestamps).",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    time_scale: str = typer.Option(
+        "1", help="--replay: trace time multipliers per point (2 = half speed, 0.5 = double), e.g. 1,0.5.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    ramp_up_strategy: str | None = typer.Option(
+        None, help="One open-loop point whose rate ramps (vLLM): linear | exponential.", rich_help_panel=LOAD_PANEL
+    ),
+    ramp_up_start_rps: float | None = typer.Option(None, help="Ramp-up: the first request's rate.",
+                                                   rich_help_panel=LOAD_PANEL),
+    ramp_up_end_rps: float | None = typer.Option(None, help="Ramp-up: the last request's rate.",
+                                                 rich_help_panel=LOAD_PANEL),
+    rate_curve: str | None = typer.Option(
+        None,
+        help="With --request-rate: arrivals follow this rate curve, rescaled to each point's mean rate and "
+        "stretched over the point: relative window rates (1,4,2) or a shipped mix's curve (servegen-deepseek-r1).",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    burstiness: float = shared_option("burstiness"),
+    max_concurrency: int | None = shared_option("max_concurrency"),
+    num_prompts: int | None = shared_option("num_prompts"),
+    duration: float | None = shared_option("duration"),
+    num_warmups: int = shared_option("num_warmups"),
+    turns: int = typer.Option(
+        1, help="Multi-turn sessions (--endpoint chat): turns per conversation, each carrying the history; "
+        "the load counts sessions.", rich_help_panel=LOAD_PANEL,
+    ),
+    think_time: float = typer.Option(
+        0.0, help="Seconds between a turn's response and the session's next turn.", rich_help_panel=LOAD_PANEL
+    ),
+    warmup_seconds: float = typer.Option(
+        0.0, help="Steady-state window: leave the point's first S seconds out of its `steady` figures.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    cooldown_seconds: float = typer.Option(
+        0.0, help="Steady-state window: leave the point's last S seconds (the drain) out of `steady`.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    reset_prefix_cache: bool = typer.Option(
+        False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
+    ),
+    max_load_under_slo: bool = shared_option("max_load_under_slo"),
+    attainment: float = shared_option("attainment"),
+    search_repeats: int = typer.Option(
+        0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
+        "load with an interval.", rich_help_panel=LOAD_PANEL,
+    ),
+    slo: str | None = shared_option("slo"),
+    percentiles: str = shared_option("percentiles"),
+    url: str | None = typer.Option(
+        None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
+    ),
+    model: str = knob_option(
+        "model", "smollm2-135m", help="Model name (sent in requests; the built-in engine loads it)."
+    ),
+    tokenizer: str | None = knob_option(
+        "tokenizer", help="Tokenizer for prompt synthesis (alias, HF dir, hub id), and the built-in engine's; "
+        "default: --model."
+    ),
+    api_key: str | None = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the target."),
+    request_timeout: float = typer.Option(
+        21600.0, help="Seconds a request may take in all; a longer one fails with reason Timeout (0: no limit)."
+    ),
+    stall_timeout: float = typer.Option(
+        600.0, help="Seconds a request may wait for its next byte; a stream silent longer fails with reason "
+        "Stalled (0: no limit)."
+    ),
+    endpoint: str = shared_option("endpoint"),
+    workload: str = shared_option("workload"),
+    conversations: Path | None = typer.Option(
+        None,
+        help="Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
+        "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    input_len: int | None = shared_option("input_len"),
+    output_len: int | None = shared_option("output_len"),
+    random_range_ratio: float = shared_option("random_range_ratio"),
+    seed: int | None = knob_option(
+        "seed", help="Workload seed (default 0); when given, the built-in engine's seed too."
+    ),
+    structured_output: str | None = typer.Option(
+        None,
+        help="Ask every request for a structured output: json | regex | choice (the structured workload sends "
+        "its JSON schemas without this flag). Records keep whether each output validated.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    structured_output_shape: str | None = typer.Option(
+        None,
+        help="How schemas are sent: response_format | structured_outputs | guided (vLLM's guided_*); "
+        "default: response_format for JSON, structured_outputs for regex and choice.",
+        rich_help_panel=WORKLOAD_PANEL,
+    ),
+    fit_policy: str = shared_option("fit_policy"),
+    max_model_len: int | None = knob_option(
+        "max_model_len", help="Fit the workload to this context (and the built-in engine's max_model_len)."
+    ),
+    output_dir: Path = typer.Option(Path("results/sweep"), help="Run directory."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir, keeping finished points."),
+    client_procs: int = typer.Option(1, help="Client processes sharing one absolute schedule."),
+    calibration: bool = typer.Option(
+        True, "--calibration/--no-calibration",
+        help="Record a short machine-speed calibration in config.json (`bench gate` compares it).",
+    ),
+    repeats: int = typer.Option(
+        1, help="Measure every point this many times, interleaved (repeat k runs all points before k+1); "
+        "`bench gate` resamples repeats to see between-run noise."
+    ),
+    server_metrics: bool = typer.Option(
+        True, "--server-metrics/--no-server-metrics", help="Scrape the target's /metrics over each point."
+    ),
+    ignore_eos: bool = typer.Option(
+        True, "--ignore-eos/--no-ignore-eos", help="Run outputs to the workload's lengths."
+    ),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (default: the server's)."),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Render the report into <output-dir>/report at the end."
+    ),
+    cost_per_hour: float | None = shared_option("cost_per_hour"),
+    gpus_per_instance: int = shared_option("gpus_per_instance"),
+) -> None:
+    """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
+    from sweep.point.benchmark_metrics import parse_slo
+    from sweep.rate_curve import parse_rate_curve
+
+    interrupt_on_sigterm()
+    from sweep.point.runner import WorkloadConfig
+    from sweep.run.sweeper import SweepConfig, run_sweep
+
+    ramp = None
+    if ramp_up_strategy is not None:
+        if request_rate is not None or concurrency is not None or replay:
+            fail("--ramp-up-strategy replaces --request-rate (as in vLLM); drop --request-rate/--concurrency/--replay")
+        if ramp_up_start_rps is None or ramp_up_end_rps is None:
+            fail("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
+        ramp = (ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
+        request_rate = str(ramp_up_end_rps)
+    if (concurrency is not None) + (request_rate is not None) + replay != 1:
+        fail("give exactly one of --concurrency 1,2,4, --request-rate 1,2,4, --replay or --ramp-up-strategy")
+    mode = "concurrency" if concurrency is not None else "rate" if request_rate is not None else "replay"
+    loads = {"concurrency": (concurrency, "--concurrency"), "rate": (request_rate, "--request-rate"),
+             "replay": (time_scale, "--time-scale")}[mode]
+    if rate_curve is not None and mode != "rate":
+        fail("--rate-curve shapes --request-rate points; give --request-rate (not --concurrency or --replay)")
+    if url is not None and engine_knobs:
+        fail("engine knobs apply only to the built-in engine; drop them or drop --url")
+    shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
+    knobs = {**engine_knobs, **{k: v for k, v in shared.items() if v is not None}}
+    try:
+        config = SweepConfig(
+            output_dir=output_dir,
+            mode=mode,
+            values=floats(*loads),
+            url=url,
+            model=model,
+            tokenizer=tokenizer,
+            api_key=api_key,
+            engine_knobs=knobs if url is None else {},
+            workload=WorkloadConfig(
+                workload=workload,
+                **synthetic_lengths(workload, input_len, output_len),
+                range_ratio=random_range_ratio,
+                max_model_len=max_model_len,
+                fit_policy=fit_policy,
+                seed=seed if seed is not None else 0,
+                endpoint=endpoint,
+                structured_output=structured_output,
+                structured_output_shape=structured_output_shape,
+                conversations=str(conversations) if conversations is not None else None,
+            ),
+            num_prompts=num_prompts,
+            duration=duration,
+            burstiness=burstiness,
+            max_concurrency=max_concurrency,
+            num_warmups=num_warmups,
+            reset_prefix_cache=reset_prefix_cache,
+            slo=parse_slo(slo),
+            percentiles=floats(percentiles, "--percentiles"),
+            max_load_under_slo=max_load_under_slo,
+            attainment=attainment,
+            search_repeats=search_repeats,
+            resume=resume,
+            client_procs=client_procs,
+            repeats=repeats,
+            calibration=calibration,
+            server_metrics=server_metrics,
+            ramp_up=ramp,
+            turns=turns,
+            think_time_s=think_time,
+            rate_curve=parse_rate_curve(rate_curve) if rate_curve is not None else None,
+            warmup_seconds=warmup_seconds,
+            cooldown_seconds=cooldown_seconds,
+            ignore_eos=ignore_eos,
+            temperature=temperature,
+            cost_per_hour=cost_per_hour,
+            gpus_per_instance=gpus_per_instance,
+            request_timeout_s=request_timeout,
+            stall_timeout_s=stall_timeout,
+        )
+        run_dir = run_sweep(config)
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        typer.secho(
+            f"interrupted: finished points are kept in {output_dir}; continue with the same flags and --resume",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        raise typer.Exit(130) from None
+    typer.echo(f"results: {run_dir}")
+    if report and ctx.obj is not None:
+        render_run_report(ctx.obj, run_dir, config.slo)
