@@ -24,7 +24,7 @@ in `slo_attainment`'s denominator.
 
 Additions beyond vLLM (all optional fields of the results contract):
 - `valid_output_fraction`: of the completed requests that asked for a structured output, the share whose output
-  parsed and validated (sweep/structured.py); absent when no request asked for one.
+  parsed and validated (workloads/structured.py); absent when no request asked for one.
 - TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
   `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
   detokenisation and client).

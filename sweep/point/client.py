@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from sweep.point.records import RequestRecord
-from sweep.structured import Constraint
+from workloads.structured import Constraint
 
 READ_BUFSIZE = 16 * 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
 SESSION_TIMEOUT_S = 6 * 3600
@@ -62,7 +62,7 @@ class PromptRequest:
     input_len: int  # requested (workload) lengths
     output_len: int
     intended_send_time: float = 0.0  # absolute perf_counter seconds
-    constraint: Constraint | None = None  # structured output asked for (sweep/structured.py)
+    constraint: Constraint | None = None  # structured output asked for (workloads/structured.py)
 
 
 class SSEParser:

@@ -28,7 +28,7 @@ def extra_point_fields(
     if spec.ramp is not None:  # vLLM's result fields; request_rate is the end rate
         fields.update(ramp_up_strategy=spec.ramp[0], ramp_up_start_rps=spec.ramp[1], ramp_up_end_rps=spec.ramp[2])
     if spec.rate_curve is not None:
-        from sweep.rate_curve import rate_curve_fields
+        from workloads.rate_curve import rate_curve_fields
 
         fields.update(rate_curve_fields(spec.rate_curve, spec.rate, spec.num_prompts, spec.duration))
     if warmup_s or cooldown_s:

@@ -34,7 +34,7 @@ class RequestRecord:
     client_prompt_tokens: int | None = None
     client_output_tokens: int | None = None
     server_timing: dict | None = None
-    session: int | None = None  # multi-turn (sweep.sessions): the conversation and the turn in it
+    session: int | None = None  # multi-turn (sweep.point.sessions): the conversation and the turn in it
     turn: int | None = None
     output_valid: bool | None = None  # structured output: parsed and validated (None: unconstrained or failed)
     generated_text: str = ""  # kept in memory for re-tokenising, not written

@@ -16,16 +16,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
+from sweep.point.prompts import build_prompts, check_outputs, replay_prompts
 from sweep.point.records import RequestRecord
 from sweep.point.server_metrics import ServerMetricsSampler
-from sweep.structured import check_outputs, make_constraint
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
 RAMP_STRATEGIES = ("linear", "exponential")
@@ -43,9 +42,9 @@ class WorkloadConfig:
     fit_policy: str = "clip"
     seed: int = 0
     endpoint: str = "completions"
-    structured_output: str | None = None  # json | regex | choice on every request (sweep/structured.py)
+    structured_output: str | None = None  # json | regex | choice on every request (workloads/structured.py)
     structured_output_shape: str | None = None  # response_format | structured_outputs | guided; None: by kind
-    conversations: str | None = None  # a conversation file: sessions are its conversations (sweep.sessions)
+    conversations: str | None = None  # a conversation file: sessions are its conversations (sweep.point.sessions)
 
 
 @dataclass
@@ -58,11 +57,11 @@ class PointSpec:
     num_prompts: int | None = None
     duration: float | None = None
     num_warmups: int = 0
-    time_scale: float = 1.0  # replay: trace time multiplier (sweep.replay)
+    time_scale: float = 1.0  # replay: trace time multiplier (workloads.replay)
     ramp: tuple[str, float, float] | None = None  # rate mode: vLLM's ramp-up (strategy, start rps, end rps)
-    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions); the load counts sessions
+    turns: int = 1  # > 1: multi-turn sessions (sweep.point.sessions); the load counts sessions
     think_time_s: float = 0.0
-    rate_curve: tuple[float, ...] | None = None  # rate mode: window rates shaping the arrivals (sweep.rate_curve)
+    rate_curve: tuple[float, ...] | None = None  # rate mode: window rates shaping the arrivals (workloads.rate_curve)
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate", "replay"):
@@ -79,7 +78,7 @@ class PointSpec:
                 f"got {self.ramp}"
             )
         if self.rate_curve is not None:
-            from sweep.rate_curve import check_rate_curve
+            from workloads.rate_curve import check_rate_curve
 
             check_rate_curve(list(self.rate_curve))
             if self.mode != "rate" or self.ramp is not None:
@@ -122,41 +121,6 @@ class PointRun:
     fit_report: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     server_metrics: dict[str, Any] | None = None  # sweep.point.server_metrics: /metrics deltas over the point
-
-
-def build_prompts(
-    workload: WorkloadConfig, tokenizer: Any, n: int, salt: str, seed_offset: int = 0
-) -> tuple[list[Any], list[PromptRequest], Any]:
-    import workloads
-
-    if workload.workload in workloads.TEXT_WORKLOADS:
-        from sweep.text_workloads import text_prompts
-
-        return (*text_prompts(workload, tokenizer, n, workload.seed + seed_offset, salt), None)
-    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
-    specs = workloads.load(
-        workload.workload,
-        num_requests=n,
-        seed=workload.seed + seed_offset,
-        input_len=workload.input_len,
-        output_len=workload.output_len,
-        range_ratio=workload.range_ratio,
-        max_model_len=workload.max_model_len,
-        fit_policy=workload.fit_policy,
-        **({"tokenizer": tokenizer} if is_file else {}),
-    )
-    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
-    synthesized = workloads.synthesize(
-        specs, tokenizer, endpoint=workload.endpoint, seed=workload.seed + seed_offset, salt=salt
-    )
-    prompts = [
-        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len,
-                      constraint=make_constraint(i, s.schema, workload.structured_output,
-                                                 workload.structured_output_shape, workload.seed + seed_offset,
-                                                 output_len=s.output_len))
-        for i, s in enumerate(synthesized)
-    ]  # fmt: skip
-    return specs, prompts, fit_report
 
 
 def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
@@ -310,7 +274,7 @@ async def _run_point_async(
         stop_at = t0 + spec.duration if spec.duration is not None else None
         cpu_start = time.process_time()
         if sessions is not None:
-            from sweep.sessions import dispatch_sessions
+            from sweep.point.sessions import dispatch_sessions
 
             records = await dispatch_sessions(
                 session, client, sessions, offsets, t0, spec.concurrency, stop_at, spec.think_time_s, on_done, live
@@ -341,13 +305,11 @@ def run_point(
     sessions: list[list[PromptRequest]] | None = None
     live = workload.conversations is None  # sessions: history from the server's replies, else recorded
     if spec.mode == "replay":
-        from sweep.replay import build_replay_prompts
-
-        specs, prompts, fit_report, offsets = build_replay_prompts(
+        specs, prompts, fit_report, offsets = replay_prompts(
             workload, tokenizer, spec.time_scale, spec.num_prompts, spec.duration, salt=f"{salt}-{spec.label}"
         )
     elif spec.turns > 1 or workload.conversations is not None:
-        from sweep.sessions import session_prompts
+        from sweep.point.sessions import session_prompts
 
         if client_procs > 1:
             raise ValueError("multi-turn sessions run in one client process; drop --client-procs")
@@ -387,7 +349,7 @@ def run_point(
     check_outputs(records, by_index)
     sent = {r.index for r in records}
     if spec.mode == "replay":
-        from sweep.replay import offered_rate
+        from workloads.replay import offered_rate
 
         extras["replayed_rate"] = offered_rate(offsets)
     return PointRun(

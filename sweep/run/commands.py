@@ -152,7 +152,7 @@ def sweep(
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
     from sweep.point.benchmark_metrics import parse_slo
-    from sweep.rate_curve import parse_rate_curve
+    from workloads.rate_curve import parse_rate_curve
 
     interrupt_on_sigterm()
     from sweep.point.runner import WorkloadConfig

@@ -46,9 +46,9 @@ class SweepConfig:
     calibration: bool = False  # record sweep/mock/machine_speed.py's figures in config.json (on in `bench sweep`)
     server_metrics: bool = True  # scrape the target's /metrics over each point (sweep.point.server_metrics)
     ramp_up: tuple[str, float, float] | None = None  # vLLM's --ramp-up-strategy/-start-rps/-end-rps: one rate point
-    turns: int = 1  # > 1: multi-turn sessions (sweep.sessions), chat endpoint only
+    turns: int = 1  # > 1: multi-turn sessions (sweep.point.sessions), chat endpoint only
     think_time_s: float = 0.0
-    rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (sweep.rate_curve)
+    rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (workloads.rate_curve)
     warmup_seconds: float = 0.0  # steady-state window (sweep.point.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
@@ -87,7 +87,7 @@ class SweepConfig:
         if self.turns > 1 and self.workload.conversations is not None:
             raise ValueError("--conversations takes each session's turns from the file; drop --turns")
         if self.rate_curve is not None:
-            from sweep.rate_curve import check_rate_curve
+            from workloads.rate_curve import check_rate_curve
 
             check_rate_curve(self.rate_curve)
             if self.mode != "rate" or self.ramp_up is not None:
@@ -122,7 +122,7 @@ class SweepConfig:
             strategy, start, end = self.ramp_up
             return f"ramp-{strategy}-{start:g}-{end:g}"
         if self.mode == "replay":
-            from sweep.replay import replay_label
+            from workloads.replay import replay_label
 
             return replay_label(value)
         return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)

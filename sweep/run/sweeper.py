@@ -24,8 +24,9 @@ from sweep.point.benchmark_metrics import (
 )
 from sweep.point.client import ClientConfig
 from sweep.point.point_fields import extra_point_fields
+from sweep.point.prompts import build_prompts
 from sweep.point.records import RequestRecord
-from sweep.point.runner import PointRun, PointSpec, build_prompts, run_point
+from sweep.point.runner import PointRun, PointSpec, run_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order

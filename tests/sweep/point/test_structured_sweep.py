@@ -16,16 +16,18 @@ import pytest
 from reports.recompute import format_slo, normalize_slo, point_metrics, records_from_rows
 from sweep.point.benchmark_metrics import calculate_metrics, is_good, parse_slo
 from sweep.point.client import ClientConfig, PromptRequest, build_payload
+from sweep.point.prompts import check_outputs
 from sweep.point.records import RequestRecord
-from sweep.structured import (
+from workloads.structured import (
     Constraint,
     SchemaNotSupported,
-    check_outputs,
+    json_schema,
     make_constraint,
+    max_output_chars,
     output_is_valid,
+    schema_size,
     validate_json,
 )
-from workloads.structured import json_schema, max_output_chars, schema_size
 
 BOUNDED = {
     "type": "object",

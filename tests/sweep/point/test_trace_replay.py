@@ -9,10 +9,11 @@ import pytest
 
 import sweep
 from sweep.mock.calibrate import start_mock
+from sweep.point.prompts import replay_prompts
 from sweep.point.runner import WorkloadConfig
-from sweep.replay import build_replay_prompts, offered_rate
 from sweep.run.launcher import ServerProcess
 from sweep.run.sweeper import SweepConfig, run_sweep
+from workloads.replay import offered_rate
 
 TIMESTAMPS = [100.0, 100.1, 100.15, 100.4, 100.45, 100.8, 101.6]
 
@@ -36,16 +37,16 @@ def test_replay_windows_and_offsets(trace: Path) -> None:
 
     tokenizer = get_tokenizer("tiny-random")
     workload = WorkloadConfig(workload=str(trace))
-    specs, prompts, _, offsets = build_replay_prompts(workload, tokenizer, 0.5, None, None, salt="s")
+    specs, prompts, _, offsets = replay_prompts(workload, tokenizer, 0.5, None, None, salt="s")
     assert offsets == pytest.approx([(t - 100.0) * 0.5 for t in TIMESTAMPS])  # half the trace's gaps: 2x speed
     assert [p.input_len for p in prompts] == [24 + i for i in range(7)]  # trace order, not a sample
-    _, first, _, _ = build_replay_prompts(workload, tokenizer, 1.0, 3, None, salt="s")
+    _, first, _, _ = replay_prompts(workload, tokenizer, 1.0, 3, None, salt="s")
     assert [p.input_len for p in first] == [24, 25, 26]  # --num-prompts: the first N of the trace
-    _, timed, _, offsets = build_replay_prompts(workload, tokenizer, 2.0, None, 1.0, salt="s")
+    _, timed, _, offsets = replay_prompts(workload, tokenizer, 2.0, None, 1.0, salt="s")
     assert offsets == pytest.approx([0.0, 0.2, 0.3, 0.8, 0.9])  # --duration: those due before 1 s
     assert offered_rate([0.0, 0.5, 2.0]) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="--replay needs a workload with timestamps"):
-        build_replay_prompts(WorkloadConfig(workload="random", input_len=8, output_len=2), tokenizer, 1, 4, None, "s")
+        replay_prompts(WorkloadConfig(workload="random", input_len=8, output_len=2), tokenizer, 1, 4, None, "s")
 
 
 def test_sweep_replays_the_trace(mock: ServerProcess, trace: Path, tmp_path: Path) -> None:

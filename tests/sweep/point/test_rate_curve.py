@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import cli
 from sweep.mock.calibrate import start_mock
 from sweep.point.runner import PointSpec, send_offsets
-from sweep.rate_curve import parse_rate_curve
 from sweep.run.sweep_config import SweepConfig
+from workloads.rate_curve import parse_rate_curve
 
 
 def test_a_curve_is_numbers_or_a_shipped_mix_with_one() -> None:

@@ -9,12 +9,7 @@ and `--max-concurrency` caps sessions in flight. A failed turn ends its session 
 build on). With `--duration`, no turn starts after the end; a session due before the end that never got a slot
 has its first turn recorded as not sent. Each record carries `session` and `turn`.
 
-Sessions from real conversations (`--conversations FILE`, `workloads.conversations`): each session is one recorded
-conversation; turn k sends the recorded history (earlier questions and the recorded replies, not the server's) and
-asks for as many tokens as the recorded reply had, so every server gets the same prompts. Conversations are taken
-in a seeded order (the same in every point) until the point has --num-prompts turns (the last session cut short),
-or, with only --duration, one per pool slot, cycling through the file if it is short. Every session's first user
-message starts with the point's salt and the session number, so no session warms the prefix cache for another.
+The prompts, real conversations' included, are workloads.sessions'; this module sends them.
 """
 
 from __future__ import annotations
@@ -28,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from sweep.point.client import ClientConfig, PromptRequest, send_request
+from sweep.point.prompts import build_prompts, prompt_requests
 from sweep.point.records import RequestRecord
-from sweep.point.runner import PointSpec, WorkloadConfig, build_prompts
+from workloads.sessions import conversation_sessions, group_sessions
 
 if TYPE_CHECKING:
-    from workloads import RequestSpec
+    from sweep.point.runner import PointSpec, WorkloadConfig
 
 
 def session_prompts(
@@ -40,56 +36,24 @@ def session_prompts(
 ) -> tuple[list[Any], list[list[PromptRequest]], Any]:
     """(specs, sessions, fit report) of a session point: real conversations, or `turns` synthetic prompts each."""
     if workload.conversations is not None:
-        specs, sessions = conversation_sessions(
+        specs, conversations = conversation_sessions(
             workload.conversations, tokenizer, spec.num_prompts, spec.pool_size, workload.seed, salt,
             workload.max_model_len,
         )  # fmt: skip
-        return specs, sessions, None
+        turns = prompt_requests([turn for session in conversations for turn in session])
+        return specs, group_by_lengths(turns, [len(session) for session in conversations]), None
     pool = spec.pool_size * (spec.turns if spec.num_prompts is None else 1)  # duration: pool_size sessions
     specs, prompts, fit_report = build_prompts(workload, tokenizer, pool, salt=salt)
     return specs, group_sessions(prompts, spec.turns), fit_report
 
 
-def group_sessions(prompts: list[PromptRequest], turns: int) -> list[list[PromptRequest]]:
-    """Consecutive prompts form sessions of `turns` (the last one may be shorter)."""
-    return [prompts[i : i + turns] for i in range(0, len(prompts), turns)]
-
-
-def conversation_sessions(
-    path: str,
-    tokenizer: Any,
-    num_requests: int | None,
-    num_sessions: int,
-    seed: int,
-    salt: str,
-    max_model_len: int | None = None,
-) -> tuple[list[RequestSpec], list[list[PromptRequest]]]:
-    """(specs, sessions) of a point: `num_requests` turns, or with None `num_sessions` conversations."""
-    import numpy as np
-
-    from workloads import RequestSpec
-    from workloads.conversations import conversation_turns, load_conversations
-
-    conversations = load_conversations(path).conversations
-    order = np.random.default_rng(seed).permutation(len(conversations))
-    specs: list[RequestSpec] = []
-    sessions: list[list[PromptRequest]] = []
-    while (len(specs) < num_requests) if num_requests is not None else (len(sessions) < num_sessions):
-        if len(sessions) >= len(conversations) and not specs:
-            break  # a whole pass without one turn that fits
-        number = len(sessions)
-        conversation = conversations[order[number % len(conversations)]]
-        turns = conversation_turns(conversation, tokenizer, f"{salt}-s{number}", max_model_len)
-        if num_requests is not None:
-            del turns[num_requests - len(specs) :]
-        session = []
-        for turn in turns:
-            session.append(PromptRequest(len(specs), None, turn.messages, turn.input_len, turn.output_len))
-            specs.append(RequestSpec(turn.input_len, turn.output_len))
-        sessions.append(session)
-    if not specs:
-        raise ValueError(f"{path}: no conversation's first turn fits --max-model-len {max_model_len}")
-    return specs, [s for s in sessions if s]
+def group_by_lengths(prompts: list[PromptRequest], lengths: list[int]) -> list[list[PromptRequest]]:
+    """`prompts` cut into consecutive sessions of `lengths` turns."""
+    sessions, start = [], 0
+    for length in lengths:
+        sessions.append(prompts[start : start + length])
+        start += length
+    return sessions
 
 
 async def dispatch_sessions(

@@ -11,9 +11,10 @@ from pathlib import Path
 import workloads
 from engine.tokenizer import get_tokenizer
 from sweep.mock.calibrate import start_mock
-from sweep.point.runner import WorkloadConfig, build_prompts
+from sweep.point.prompts import build_prompts
+from sweep.point.runner import WorkloadConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_copy_heavy_prompts_carry_the_texts_and_their_token_counts() -> None:

@@ -4,32 +4,27 @@ completions) and its input length is counted with the target's tokenizer, chat t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sweep.point.client import PromptRequest
-from workloads.spec import RequestSpec
+from workloads.spec import RequestSpec, SynthesizedPrompt
 from workloads.synthesis import chat_prompt_len
-
-if TYPE_CHECKING:
-    from sweep.point.runner import WorkloadConfig
 
 DEFAULT_OUTPUT_LEN = 128
 
 
 def text_prompts(
-    workload: WorkloadConfig, tokenizer: Any, n: int, seed: int, salt: str
-) -> tuple[list[RequestSpec], list[PromptRequest]]:
-    """`n` requests of the text workload `workload.workload`. A non-empty `salt` starts every prompt (`[salt] `),
-    so a point does not hit the prefix cache the previous point warmed with the same texts."""
+    name: str, endpoint: str, output_len: int | None, tokenizer: Any, n: int, seed: int, salt: str
+) -> tuple[list[RequestSpec], list[SynthesizedPrompt]]:
+    """`n` requests of the text workload `name` for `endpoint` (completions | chat). A non-empty `salt` starts every
+    prompt (`[salt] `), so a point does not hit the prefix cache the previous point warmed with the same texts."""
     import workloads
 
-    output_len = workload.output_len or DEFAULT_OUTPUT_LEN
-    texts = workloads.load_texts(workload.workload, num_requests=n, seed=seed, output_len=output_len)
+    texts = workloads.load_texts(name, num_requests=n, seed=seed, output_len=output_len or DEFAULT_OUTPUT_LEN)
     specs: list[RequestSpec] = []
-    prompts: list[PromptRequest] = []
-    for index, request in enumerate(texts):
+    prompts: list[SynthesizedPrompt] = []
+    for request in texts:
         text = f"[{salt}] {request.prompt}" if salt else request.prompt
-        if workload.endpoint == "chat":
+        if endpoint == "chat":
             messages: list[dict] | None = [{"role": "user", "content": text}]
             prompt = None
             input_len = chat_prompt_len(tokenizer, messages)
@@ -37,5 +32,5 @@ def text_prompts(
             messages, prompt = None, text
             input_len = len(tokenizer(text, add_special_tokens=True)["input_ids"])
         specs.append(RequestSpec(input_len=input_len, output_len=request.output_len))
-        prompts.append(PromptRequest(index, prompt, messages, input_len, request.output_len))
+        prompts.append(SynthesizedPrompt(prompt, messages, input_len, request.output_len))
     return specs, prompts

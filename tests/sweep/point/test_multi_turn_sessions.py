@@ -10,7 +10,7 @@ import pytest
 from sweep.mock.calibrate import start_mock
 from sweep.point.client import ClientConfig
 from sweep.point.runner import PointSpec, WorkloadConfig, run_point
-from sweep.sessions import group_sessions
+from workloads.sessions import group_sessions
 
 
 def test_group_sessions() -> None:

@@ -17,32 +17,41 @@ import bisect
 from pathlib import Path
 from typing import Any
 
-from sweep.point.client import PromptRequest
+from workloads.spec import FitReport, RequestSpec, SynthesizedPrompt
 
 
 def replay_label(time_scale: float) -> str:
     return f"t{time_scale:07.3f}"
 
 
-def build_replay_prompts(
-    workload: Any, tokenizer: Any, time_scale: float, num_prompts: int | None, duration: float | None, salt: str
-) -> tuple[list[Any], list[PromptRequest], Any, list[float]]:
-    """(specs, prompts, fit report, send offsets) of the trace's first requests, replayed at `time_scale`."""
+def replay_requests(
+    name: str,
+    tokenizer: Any,
+    time_scale: float,
+    num_prompts: int | None,
+    duration: float | None,
+    seed: int,
+    endpoint: str,
+    salt: str,
+    max_model_len: int | None = None,
+    fit_policy: str = "clip",
+) -> tuple[list[RequestSpec], list[SynthesizedPrompt], FitReport | None, list[float]]:
+    """(specs, prompts, fit report, send offsets) of trace `name`'s first requests, replayed at `time_scale`."""
     import workloads
 
-    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
+    is_file = name not in workloads.shipped_names() and Path(name).expanduser().is_file()
     specs = workloads.load(
-        workload.workload,
+        name,
         num_requests=None,  # the whole trace in order; the point takes a window from its start
-        seed=workload.seed,
-        max_model_len=workload.max_model_len,
-        fit_policy=workload.fit_policy,
+        seed=seed,
+        max_model_len=max_model_len,
+        fit_policy=fit_policy,
         **({"tokenizer": tokenizer} if is_file else {}),
     )
     fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
     if not specs or any(s.timestamp is None for s in specs):
         raise ValueError(
-            f"--replay needs a workload with timestamps; {workload.workload!r} has none "
+            f"--replay needs a workload with timestamps; {name!r} has none "
             "(traces with them: azure-code-2023, azure-conv-2023, mooncake-conversation, or a trace file)"
         )
     offsets = workloads.arrivals.replay([s.timestamp for s in specs], time_scale=time_scale)
@@ -53,12 +62,8 @@ def build_replay_prompts(
         count = min(count, bisect.bisect_left(offsets, duration))
     count = max(count, 1)
     specs, offsets = specs[:count], offsets[:count]
-    synthesized = workloads.synthesize(specs, tokenizer, endpoint=workload.endpoint, seed=workload.seed, salt=salt)
-    prompts = [
-        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len)
-        for i, s in enumerate(synthesized)
-    ]
-    return specs, prompts, fit_report, offsets
+    synthesized = workloads.synthesize(specs, tokenizer, endpoint=endpoint, seed=seed, salt=salt)
+    return specs, synthesized, fit_report, offsets
 
 
 def offered_rate(offsets: list[float]) -> float:

@@ -1,0 +1,85 @@
+"""A point's prompts as the client sends them: the workload's requests (workloads.load, or a text workload, or a
+replayed trace) synthesized to exact lengths, each with its structured-output constraint; and, after the point,
+whether each constrained output validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sweep.point.client import PromptRequest
+from sweep.point.records import RequestRecord
+from workloads.structured import make_constraint, output_is_valid
+
+if TYPE_CHECKING:
+    from sweep.point.runner import WorkloadConfig
+    from workloads.spec import SynthesizedPrompt
+
+
+def prompt_requests(
+    synthesized: list[SynthesizedPrompt], workload: WorkloadConfig | None = None, seed: int = 0
+) -> list[PromptRequest]:
+    """The client's requests, numbered in order; with `workload`, each carries its structured-output constraint
+    (the spec's schema, or one drawn for `workload.structured_output`)."""
+    return [
+        PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len,
+                      constraint=None if workload is None else make_constraint(
+                          i, s.schema, workload.structured_output, workload.structured_output_shape, seed,
+                          output_len=s.output_len))
+        for i, s in enumerate(synthesized)
+    ]  # fmt: skip
+
+
+def build_prompts(
+    workload: WorkloadConfig, tokenizer: Any, n: int, salt: str, seed_offset: int = 0
+) -> tuple[list[Any], list[PromptRequest], Any]:
+    """(specs, prompts, fit report) of `n` requests of the workload."""
+    import workloads
+
+    seed = workload.seed + seed_offset
+    if workload.workload in workloads.TEXT_WORKLOADS:
+        from workloads.text_workloads import text_prompts
+
+        specs, texts = text_prompts(
+            workload.workload, workload.endpoint, workload.output_len, tokenizer, n, seed, salt
+        )
+        return specs, prompt_requests(texts), None
+    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
+    specs = workloads.load(
+        workload.workload,
+        num_requests=n,
+        seed=seed,
+        input_len=workload.input_len,
+        output_len=workload.output_len,
+        range_ratio=workload.range_ratio,
+        max_model_len=workload.max_model_len,
+        fit_policy=workload.fit_policy,
+        **({"tokenizer": tokenizer} if is_file else {}),
+    )
+    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+    synthesized = workloads.synthesize(specs, tokenizer, endpoint=workload.endpoint, seed=seed, salt=salt)
+    return specs, prompt_requests(synthesized, workload, seed), fit_report
+
+
+def replay_prompts(
+    workload: WorkloadConfig, tokenizer: Any, time_scale: float, num_prompts: int | None, duration: float | None,
+    salt: str,
+) -> tuple[list[Any], list[PromptRequest], Any, list[float]]:
+    """(specs, prompts, fit report, send offsets) of the trace's first requests, replayed at `time_scale`
+    (workloads.replay)."""
+    from workloads.replay import replay_requests
+
+    specs, synthesized, fit_report, offsets = replay_requests(
+        workload.workload, tokenizer, time_scale, num_prompts, duration, workload.seed, workload.endpoint, salt,
+        max_model_len=workload.max_model_len, fit_policy=workload.fit_policy,
+    )  # fmt: skip
+    return specs, prompt_requests(synthesized), fit_report, offsets
+
+
+def check_outputs(records: list[RequestRecord], prompts: dict[int, Any]) -> None:
+    """Set `output_valid` on every successful request that carried a constraint (`prompts` by index)."""
+    for record in records:
+        prompt = prompts.get(record.index)
+        constraint = getattr(prompt, "constraint", None)
+        if constraint is not None and record.success:
+            record.output_valid = output_is_valid(constraint, record.generated_text)
