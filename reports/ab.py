@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from engine.config import knob_args
-from sweep.repeats import repeat_order
+from sweep.run.repeats import repeat_order
 
 if TYPE_CHECKING:
-    from sweep.sweeper import SweepConfig
+    from sweep.run.sweeper import SweepConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def side_template(side: Side, knobs: dict[str, Any], worktree: Path | None) -> s
 
 def run_ab(base: SweepConfig, baseline: Side, candidate: Side, console: Console | None = None) -> tuple[Path, Path]:
     """Sweep both sides interleaved into `base.output_dir/{baseline,candidate}`; returns the two run directories."""
-    from sweep.sweeper import Sweeper  # loads the HTTP client: only when sweeping
+    from sweep.run.sweeper import Sweeper  # loads the HTTP client: only when sweeping
 
     console = console or Console(stderr=True)
     if base.url is not None:

@@ -55,7 +55,7 @@ def with_cost(
 def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: float = 0.9) -> Figure | None:
     """USD per million good output tokens against load, log scale; filled markers meet the attainment goal
     (hollow ones miss it), and a dotted line marks each run's largest load that meets it (the SLO boundary)."""
-    from reports.plots import _colour, _load_label, _use_log_x, plt
+    from reports.plots import colour, load_label, use_log_x, plt
 
     priced = [r for r in runs if COST_COLUMN in r.points]
     if not priced:
@@ -70,22 +70,22 @@ def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: flo
         order = np.argsort(x[keep])
         simulated = bool(run.config.get("simulated"))
         name = f"{run.name} (simulated)" if simulated else run.name
-        ax.plot(x[keep][order], y[keep][order], "--" if simulated else "-", color=_colour(i), label=name)
+        ax.plot(x[keep][order], y[keep][order], "--" if simulated else "-", color=colour(i), label=name)
         for filled in (True, False):
             sel = keep & (meets == filled)
-            ax.scatter(x[sel], y[sel], s=22, color=_colour(i), facecolors=_colour(i) if filled else "none")
+            ax.scatter(x[sel], y[sel], s=22, color=colour(i), facecolors=colour(i) if filled else "none")
         if slo and meets.any():
-            ax.axvline(float(x[meets & np.isfinite(x)].max()), color=_colour(i), ls=":", lw=1)
+            ax.axvline(float(x[meets & np.isfinite(x)].max()), color=colour(i), ls=":", lw=1)
     ax.set_yscale("log")
     from reports.recompute import format_slo
 
     ax.set(
         title=f"USD per 1M good output tokens (SLO: {format_slo(slo)})",
-        xlabel=_load_label(priced),
+        xlabel=load_label(priced),
         ylabel="USD / 1M output tokens",
     )
     ax.title.set_fontsize(9)
-    _use_log_x(ax, priced)
+    use_log_x(ax, priced)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -20,11 +20,11 @@ LINESTYLES = ("-", "--", ":", "-.")
 DEFAULT_ATTAINMENT_GOAL = 0.9
 
 
-def _colour(i: int) -> str:
+def colour(i: int) -> str:
     return plt.get_cmap("tab10")(i % 10)
 
 
-def _load_label(runs: list[RunData]) -> str:
+def load_label(runs: list[RunData]) -> str:
     modes = {r.mode for r in runs}
     if modes == {"concurrency"}:
         return "concurrency (max in-flight requests)"
@@ -33,7 +33,7 @@ def _load_label(runs: list[RunData]) -> str:
     return "load (concurrency or req/s)"
 
 
-def _xy(run: RunData, column: str) -> tuple[np.ndarray, np.ndarray]:
+def xy(run: RunData, column: str) -> tuple[np.ndarray, np.ndarray]:
     x = run.load_values().to_numpy(dtype=float)
     y = pd.to_numeric(run.points.get(column), errors="coerce").to_numpy(dtype=float) if column in run.points else None
     if y is None:
@@ -42,7 +42,7 @@ def _xy(run: RunData, column: str) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], y[keep]
 
 
-def _use_log_x(ax, runs: list[RunData]) -> None:
+def use_log_x(ax, runs: list[RunData]) -> None:
     """Log2 load axis for wide sweeps, only on an axis that plots data: an empty log axis (attainment without an
     SLO, say) makes matplotlib fail with "Data cannot be log-scaled because all values are <= 0"."""
     if not (np.isfinite(ax.dataLim.x0) and ax.dataLim.x0 > 0):
@@ -59,12 +59,12 @@ def latency_vs_load(runs: list[RunData], slo: Mapping[str, float] | None) -> Fig
     for ax, metric in zip(axes, ("ttft", "tpot", "e2el"), strict=True):
         for i, run in enumerate(runs):
             for j, p in enumerate(run.percentiles):
-                x, y = _xy(run, f"{percentile_key(p)}_{metric}_ms")
-                ax.plot(x, y, LINESTYLES[j % 4], marker="o", ms=3, color=_colour(i), label=f"{run.name} p{p:g}")
+                x, y = xy(run, f"{percentile_key(p)}_{metric}_ms")
+                ax.plot(x, y, LINESTYLES[j % 4], marker="o", ms=3, color=colour(i), label=f"{run.name} p{p:g}")
         if slo and f"{metric}_ms" in slo:
             ax.axhline(slo[f"{metric}_ms"], color="red", lw=1, ls="--", label=f"SLO {slo[f'{metric}_ms']:g} ms")
-        _use_log_x(ax, runs)
-        ax.set(title=f"{metric.upper()} percentiles", xlabel=_load_label(runs), ylabel=f"{metric.upper()} (ms)")
+        use_log_x(ax, runs)
+        ax.set(title=f"{metric.upper()} percentiles", xlabel=load_label(runs), ylabel=f"{metric.upper()} (ms)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
@@ -84,7 +84,7 @@ def throughput_vs_latency(runs: list[RunData]) -> Figure:
                 if column is None:
                     continue
                 lat = pd.to_numeric(run.points[column], errors="coerce").to_numpy(dtype=float)
-                ax.plot(tput, lat, LINESTYLES[j], marker="o", ms=3, color=_colour(i), label=f"{run.name} p{p}")
+                ax.plot(tput, lat, LINESTYLES[j], marker="o", ms=3, color=colour(i), label=f"{run.name} p{p}")
         ax.set(title=f"throughput vs {metric.upper()}", xlabel="output throughput (tok/s)",
                ylabel=f"{metric.upper()} (ms)")
         ax.grid(alpha=0.3)
@@ -99,17 +99,17 @@ def goodput_vs_load(
     """Request goodput and SLO attainment against load (recomputed from the requests under `slo`)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, run in enumerate(runs):
-        axes[0].plot(*_xy(run, "request_throughput"), ":", color=_colour(i), label=f"{run.name} throughput")
-        axes[0].plot(*_xy(run, "request_goodput"), "-o", ms=3, color=_colour(i), label=f"{run.name} goodput")
-        axes[1].plot(*_xy(run, "slo_attainment"), "-o", ms=3, color=_colour(i), label=run.name)
+        axes[0].plot(*xy(run, "request_throughput"), ":", color=colour(i), label=f"{run.name} throughput")
+        axes[0].plot(*xy(run, "request_goodput"), "-o", ms=3, color=colour(i), label=f"{run.name} goodput")
+        axes[1].plot(*xy(run, "slo_attainment"), "-o", ms=3, color=colour(i), label=run.name)
     axes[1].axhline(goal, color="red", lw=1, ls="--", label=f"attainment goal {goal:.0%}")
     axes[1].set_ylim(-0.02, 1.02)
     from reports.recompute import format_slo
 
-    axes[0].set(title=f"goodput (SLO: {format_slo(slo)})", xlabel=_load_label(runs), ylabel="requests/s")
-    axes[1].set(title="SLO attainment (failures count as misses)", xlabel=_load_label(runs), ylabel="good / all")
+    axes[0].set(title=f"goodput (SLO: {format_slo(slo)})", xlabel=load_label(runs), ylabel="requests/s")
+    axes[1].set(title="SLO attainment (failures count as misses)", xlabel=load_label(runs), ylabel="good / all")
     for ax in axes:
-        _use_log_x(ax, runs)
+        use_log_x(ax, runs)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -145,9 +145,9 @@ def pareto(runs: list[RunData]) -> Figure:
     per_gpu = all(_gpus(r) for r in runs)
     for i, run in enumerate(runs):
         frame = pareto_points(run)
-        ax.scatter(frame["tokens_per_s"], frame["tokens_per_s_per_user"], color=_colour(i), s=14, alpha=0.6)
+        ax.scatter(frame["tokens_per_s"], frame["tokens_per_s_per_user"], color=colour(i), s=14, alpha=0.6)
         front = frame[frame["on_frontier"]].sort_values("tokens_per_s")
-        ax.plot(front["tokens_per_s"], front["tokens_per_s_per_user"], "-o", ms=4, color=_colour(i), label=run.name)
+        ax.plot(front["tokens_per_s"], front["tokens_per_s_per_user"], "-o", ms=4, color=colour(i), label=run.name)
         for _, row in front.iterrows():
             ax.annotate(row["label"], (row["tokens_per_s"], row["tokens_per_s_per_user"]), fontsize=6)
     ax.set(title="Pareto: per-user speed vs total throughput",
@@ -244,7 +244,7 @@ def fidelity(runs: list[RunData]) -> Figure | None:
         rows = run.requests[run.requests["success"].astype(bool)]
         for ax, (req, real) in zip(axes, (("requested_input_len", "prompt_tokens"),
                                           ("requested_output_len", "output_tokens")), strict=True):
-            ax.scatter(rows[req], rows[real], s=6, alpha=0.5, color=_colour(i), label=run.name)
+            ax.scatter(rows[req], rows[real], s=6, alpha=0.5, color=colour(i), label=run.name)
     for ax, name in zip(axes, ("input", "output"), strict=True):
         lims = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
         ax.plot(lims, lims, "k--", lw=0.8, label="requested = realised")

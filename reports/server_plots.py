@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from reports.importers import RunData  # noqa: E402
-from reports.plots import _colour, _load_label, _use_log_x, _xy  # noqa: E402
+from reports.plots import colour, load_label, use_log_x, xy  # noqa: E402
 
 # (point field, panel title, y label); a panel appears when some run has the field
 SERVER_PANELS = (
@@ -29,15 +29,15 @@ def server_metrics_vs_load(runs: list[RunData]) -> Figure | None:
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 4.0), squeeze=False)
     ttft_ax = axes[0][0]
     for i, run in enumerate(runs):
-        ttft_ax.plot(*_xy(run, "median_ttft_ms"), "-o", ms=3, color=_colour(i), label=f"{run.name} p50")
-        ttft_ax.plot(*_xy(run, "p99_ttft_ms"), "--", color=_colour(i), label=f"{run.name} p99")
-    ttft_ax.set(title="client TTFT", xlabel=_load_label(runs), ylabel="TTFT (ms)")
+        ttft_ax.plot(*xy(run, "median_ttft_ms"), "-o", ms=3, color=colour(i), label=f"{run.name} p50")
+        ttft_ax.plot(*xy(run, "p99_ttft_ms"), "--", color=colour(i), label=f"{run.name} p99")
+    ttft_ax.set(title="client TTFT", xlabel=load_label(runs), ylabel="TTFT (ms)")
     for ax, (column, title, ylabel) in zip(axes[0][1:], panels, strict=True):
         for i, run in enumerate(runs):
-            ax.plot(*_xy(run, column), "-o", ms=3, color=_colour(i), label=run.name)
-        ax.set(title=title, xlabel=_load_label(runs), ylabel=ylabel)
+            ax.plot(*xy(run, column), "-o", ms=3, color=colour(i), label=run.name)
+        ax.set(title=title, xlabel=load_label(runs), ylabel=ylabel)
     for ax in axes[0]:
-        _use_log_x(ax, runs)
+        use_log_x(ax, runs)
         ax.grid(alpha=0.3)
     ttft_ax.legend(fontsize=7)
     fig.tight_layout()

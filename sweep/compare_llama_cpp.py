@@ -25,7 +25,7 @@ from typing import Any
 
 import typer
 
-from sweep.launcher import ServerProcess, free_port, launch
+from sweep.run.launcher import ServerProcess, free_port, launch
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_CPP = "llama.cpp"

@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 from sweep.tune.backend import TrialWorkload
 from sweep.tune.objective import Evaluation, Infeasible, MeasurePoint, attainment_violation, evaluate
 from sweep.tune.space import known_constraint_violation
-from sweep.tune.study import TrialBackend, TuneObjective, _decisive_point, _point_summary, feasible
+from sweep.tune.study import TrialBackend, TuneObjective, decisive_point, point_summary, feasible
 
 PRUNED_STATUS = "pruned by simulation"
 
@@ -167,9 +167,9 @@ class SimulateFirstObjective(TuneObjective):
             trial.set_user_attr("prediction", f"none: {err}")
             return super()._run(trial)
         trial.set_user_attr("predicted_values", prediction.values)
-        decisive = _decisive_point(self.spec, prediction)
+        decisive = decisive_point(self.spec, prediction)
         if decisive is not None:
-            trial.set_user_attr("predicted_metrics", _point_summary(decisive))
+            trial.set_user_attr("predicted_metrics", point_summary(decisive))
         decision = self.decide(trial.study, knobs, trial_dir, prediction)
         trial.set_user_attr("prune_decision", decision)
         if decision["decision"] == "prune":

@@ -211,7 +211,7 @@ class TuneObjective:
 
     def _on_point(self, trial: optuna.Trial, repeat: int) -> Callable[[int, float, dict[str, Any]], None]:
         def on_point(step: int, best_passing: float, point: dict[str, Any]) -> None:
-            trial.set_user_attr(f"r{repeat}_point{step:02d}", _point_summary(point))
+            trial.set_user_attr(f"r{repeat}_point{step:02d}", point_summary(point))
             if repeat == 0 and len(self.spec.directions) == 1:
                 trial.report(best_passing, step)
                 if trial.should_prune():
@@ -256,7 +256,7 @@ class TuneObjective:
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])
         trial.set_user_attr("spread", spreads)
         median_run = min(evaluations, key=lambda e: abs(e.values[0] - values[0]))  # the repeat the value stands for
-        decisive = _decisive_point(self.spec, median_run)
+        decisive = decisive_point(self.spec, median_run)
         if decisive is not None:
             trial.set_user_attr("metrics", {k: v for k, v in decisive.items() if _is_scalar(v)})
         if evaluations[0].bracket is not None:
@@ -271,11 +271,11 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (int, float, str, bool))
 
 
-def _point_summary(point: dict[str, Any]) -> dict[str, Any]:
+def point_summary(point: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in point.items() if _is_scalar(v)}
 
 
-def _decisive_point(spec: ObjectiveSpec, evaluation: Evaluation) -> dict[str, Any] | None:
+def decisive_point(spec: ObjectiveSpec, evaluation: Evaluation) -> dict[str, Any] | None:
     """The point whose metrics the objective value stands for: the largest passing load for max-load."""
     if spec.kind != "max-load":
         return evaluation.points[0] if evaluation.points else None

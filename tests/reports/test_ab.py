@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cli import app
 from reports.ab import Side, side_template
 
-MOCK = f"{shlex.quote(sys.executable)} -m sweep.mock_server --port {{port}} --ttft-ms 5"
+MOCK = f"{shlex.quote(sys.executable)} -m sweep.mock.server --port {{port}} --ttft-ms 5"
 FLAGS = ["--model", "tiny-random", "--concurrency", "1,2", "--num-prompts", "12", "--repeats", "2",
          "--input-len", "16", "--output-len", "8", "--metric", "tpot_p50,failure_rate", "--noise-floor", "2%"]
 
