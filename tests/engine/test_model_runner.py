@@ -250,7 +250,7 @@ def test_kv_cache_memory_bytes_beyond_the_free_ram_is_a_clear_error(monkeypatch:
 
 def test_kv_cache_memory_bytes_too_small_for_one_sequence_names_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", kv_cache_memory_bytes=1024))
-    with pytest.raises(ConfigError, match=r"KV cache \(kv_cache_memory_bytes=0.0 MiB\) has room for 0 tokens"):
+    with pytest.raises(ConfigError, match=r"KV cache \(kv_cache_memory_bytes=1024 bytes\) has room for 0 tokens"):
         runner.determine_num_blocks()
 
 
