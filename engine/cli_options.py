@@ -35,7 +35,10 @@ def _declaration(spec: KnobSpec) -> str:
 
 
 def _parameter(spec: KnobSpec) -> inspect.Parameter:
-    option = typer.Option(_declaration(spec), help=spec.help, rich_help_panel=ENGINE_PANEL)
+    option = typer.Option(
+        _declaration(spec), help=spec.help, rich_help_panel=ENGINE_PANEL, parser=spec.parse,
+        metavar=None if spec.parse is None else "<text>",  # the parser takes more than the type's own spelling
+    )  # fmt: skip
     return inspect.Parameter(
         spec.name,
         inspect.Parameter.KEYWORD_ONLY,

@@ -10,7 +10,9 @@ everywhere.
 from __future__ import annotations
 
 import json
+import re
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -49,9 +51,17 @@ class SearchRange:
     fraction_of_model_len: bool = False
 
 
-def knob(default: Any, *, help: str, flag: str | None = None, search: SearchRange | None = None) -> Any:
-    """A config field that is an engine knob. `flag` defaults to `--` + the name with dashes."""
-    return field(default=default, metadata={"help": help, "flag": flag, "search": search})
+def knob(
+    default: Any,
+    *,
+    help: str,
+    flag: str | None = None,
+    search: SearchRange | None = None,
+    parse: Callable[[str], Any] | None = None,
+) -> Any:
+    """A config field that is an engine knob. `flag` defaults to `--` + the name with dashes; `parse` turns the
+    flag's text into the value where the type's own parsing would not (`4GiB` for a byte count)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "search": search, "parse": parse})
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class KnobSpec:
     help: str
     flag: str
     search: SearchRange | None
+    parse: Callable[[str], Any] | None = None  # the flag's text -> the value, where value_type(text) would not do
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -181,6 +192,28 @@ def _check_kv_cache_dtype(mc: ModelConfig, cc: CacheConfig) -> None:
     _check(reason is None, reason or "")
 
 
+# The CPU's default KV cache (no kv_cache_memory_bytes): the smaller of these, split over the tensor-parallel ranks
+# that share the RAM, so the engine never takes most of a shared machine (vLLM's CPU build: 4 GiB by default).
+CPU_KV_CACHE_DEFAULT_BYTES = 4 * 2**30
+CPU_KV_CACHE_DEFAULT_FRACTION = 0.25  # of MemAvailable before the weights load
+_BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,  # as vLLM's `1K`, `4G`: binary
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12}  # fmt: skip
+_BYTE_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_byte_size(text: str) -> int:
+    """`4294967296`, `4GiB`, `4G` (binary, as vLLM's `4G`), `4GB` (decimal) or `1.5GiB` -> bytes; ValueError if not."""
+    match = _BYTE_SIZE.fullmatch(text)
+    unit = match.group(2) if match else ""
+    if match is None or (unit.upper() not in _BYTE_UNITS) or (len(unit) == 1 and unit.islower()):
+        raise ValueError(
+            f"not a byte size: {text!r}; give bytes (4294967296) or a number with KiB/MiB/GiB/TiB, K/M/G/T "
+            "(the same, binary) or KB/MB/GB/TB (decimal)"
+        )
+    return int(float(match.group(1)) * _BYTE_UNITS[unit.upper()])
+
+
 @dataclass
 class CacheConfig:
     enable_prefix_caching: bool = knob(
@@ -189,8 +222,16 @@ class CacheConfig:
     block_size: int = knob(16, help="Tokens per KV block.", search=SearchRange(cpu=(8, 16, 32)))
     gpu_memory_utilization: float = knob(
         0.9,
-        help="Memory fraction for weights + activations + KV cache (CPU: of available RAM).",
+        help="Memory fraction for weights + activations + KV cache (CUDA: of the GPU; CPU: of available RAM, "
+        "where the KV cache also stays under its default cap, see --kv-cache-memory-bytes).",
         search=SearchRange(cpu=(0.7, 0.8, 0.9, 0.95)),
+    )
+    kv_cache_memory_bytes: int | None = knob(
+        None,
+        help="KV cache bytes per rank (4GiB, 4G or 4294967296); overrides --gpu-memory-utilization. Default on "
+        f"the CPU: min({CPU_KV_CACHE_DEFAULT_BYTES // 2**30} GiB, {CPU_KV_CACHE_DEFAULT_FRACTION:.0%} of "
+        "MemAvailable) over the ranks. vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE=N (GiB) is NGiB here.",
+        parse=parse_byte_size,
     )
     num_gpu_blocks_override: int | None = knob(None, help="KV-cache size in blocks (skips memory sizing).")
     kv_cache_dtype: str = knob(
@@ -215,6 +256,16 @@ class CacheConfig:
         _check(
             self.num_gpu_blocks_override is None or self.num_gpu_blocks_override > 0,
             f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}",
+        )
+        if isinstance(self.kv_cache_memory_bytes, str):  # from a flag's or a JSON file's text
+            try:
+                self.kv_cache_memory_bytes = parse_byte_size(self.kv_cache_memory_bytes)
+            except ValueError as error:
+                raise ConfigError(f"kv_cache_memory_bytes: {error}") from None
+        _check(
+            self.kv_cache_memory_bytes is None
+            or (type(self.kv_cache_memory_bytes) is int and self.kv_cache_memory_bytes > 0),
+            f"kv_cache_memory_bytes must be a positive number of bytes, got {self.kv_cache_memory_bytes!r}",
         )
 
 
@@ -405,6 +456,7 @@ def engine_knobs() -> dict[str, KnobSpec]:
                 help=f.metadata["help"],
                 flag=f.metadata["flag"] or "--" + f.name.replace("_", "-"),
                 search=f.metadata["search"],
+                parse=f.metadata["parse"],
             )
     return specs
 

@@ -12,13 +12,18 @@ the bytes and the same budget holds about twice the blocks. The rounding reaches
 back from the cache: decodes and prefill chunks with cached context (in the torch backend the chunk's own tokens
 too, in the triton backend only its context); a prefill without cached context attends over its fresh K/V.
 
-KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set:
+KV cache sizing (`determine_num_blocks`), unless `num_gpu_blocks_override` is set; the bytes are per rank:
+* `kv_cache_memory_bytes`, where set (vLLM's knob), on either device; on the CPU it must fit the RAM available
+  after the weights loaded (all ranks' caches together).
 * cuda: a profiling forward at max_num_batched_tokens measures the peak memory of weights + activations;
   the KV cache gets `gpu_memory_utilization * total - peak - memory held by others` (per rank: one device each).
-* cpu: `gpu_memory_utilization * MemAvailable` (read before the weights load) minus the weights (read after they
-  loaded), split evenly over the tensor-parallel ranks that share the RAM, minus an estimate of the activations
-  at max_num_batched_tokens.
-Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use. With a draft
+* cpu: the smaller of a fixed cap, min(CPU_KV_CACHE_DEFAULT_BYTES, CPU_KV_CACHE_DEFAULT_FRACTION * MemAvailable),
+  and `gpu_memory_utilization * MemAvailable` minus the weights and an estimate of the activations at
+  max_num_batched_tokens; MemAvailable is read before the weights load, the weights after they loaded, and both
+  are split evenly over the tensor-parallel ranks that share the RAM. The cap keeps a shared machine usable
+  (vLLM's CPU build caps its KV space the same way, VLLM_CPU_KVCACHE_SPACE, 4 GiB by default).
+Either way the pool is capped at what max_num_seqs sequences of max_model_len tokens can ever use, and the
+start-up log line names the limit that decided it. With a draft
 model (speculative decoding) its weights are loaded before the sizing, so they count as the target's do, and
 each block costs the target's KV bytes plus the draft's (`extra_block_bytes`): the draft holds as many blocks.
 
@@ -31,11 +36,12 @@ full.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
 from engine.attention import get_attention_backend, resolve_attention_backend
-from engine.config import ConfigError, EngineConfig
+from engine.config import CPU_KV_CACHE_DEFAULT_BYTES, CPU_KV_CACHE_DEFAULT_FRACTION, ConfigError, EngineConfig
 from engine.distributed import get_tensor_model_parallel_world_size, get_tp_group
 from engine.model_files import gguf_source, load_hf_config, resolve_model
 from engine.model_input import ModelInput, prepare_model_input
@@ -80,6 +86,21 @@ def _mem_available_bytes() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def format_bytes(num_bytes: float) -> str:
+    """1.50 GiB, 12.0 MiB, 1024 bytes: the start-up line's and the errors' unit."""
+    if num_bytes >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{int(num_bytes)} bytes"
+
+
+@dataclass(frozen=True)
+class KVCacheBudget:
+    """This rank's bytes for its KV cache, and the limit that set them (for the start-up line)."""
+
+    bytes: int
+    limit: str
 
 
 class ModelRunner:
@@ -152,45 +173,79 @@ class ModelRunner:
         cc, sc = self.config.cache_config, self.config.scheduler_config
         bytes_per_block = self.block_bytes + extra_block_bytes
         if cc.num_gpu_blocks_override is not None:
-            num_blocks = cc.num_gpu_blocks_override
+            num_blocks, limit = cc.num_gpu_blocks_override, "num_gpu_blocks_override"
         else:
-            budget = self._kv_budget_bytes()
+            budget = self.kv_cache_budget()
             blocks_per_seq = -(-self.max_model_len // self.block_size)
-            num_blocks = min(budget // bytes_per_block, sc.max_num_seqs * blocks_per_seq)
+            by_budget, by_sequences = budget.bytes // bytes_per_block, sc.max_num_seqs * blocks_per_seq
+            num_blocks = min(by_budget, by_sequences)
+            limit = budget.limit
+            if by_sequences < by_budget:
+                limit = f"max_num_seqs={sc.max_num_seqs} x max_model_len={self.max_model_len}, under {limit}"
             if num_blocks < blocks_per_seq:
                 draft = f" (each block also holds {extra_block_bytes} bytes of draft KV)" if extra_block_bytes else ""
                 raise ConfigError(
-                    f"the KV cache has room for {max(num_blocks, 0) * self.block_size} tokens{draft}, fewer than one "
-                    f"sequence of max_model_len={self.max_model_len}: lower --max-model-len, raise "
-                    "--gpu-memory-utilization, or set --num-gpu-blocks-override"
+                    f"the KV cache ({limit}) has room for {max(num_blocks, 0) * self.block_size} tokens{draft}, "
+                    f"fewer than one sequence of max_model_len={self.max_model_len}: lower --max-model-len, raise "
+                    "--kv-cache-memory-bytes or --gpu-memory-utilization, or set --num-gpu-blocks-override"
                 )
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB%s, %s, %s)",
+            "KV cache: %d blocks of %d tokens = %d tokens, %s%s per rank (%s, %s); limit: %s",
             num_blocks,
             self.block_size,
             num_blocks * self.block_size,
-            num_blocks * bytes_per_block / 2**20,
+            format_bytes(num_blocks * bytes_per_block),
             " with the draft's" if extra_block_bytes else "",
             str(self.kv_cache_dtype).removeprefix("torch."),
             self.device,
+            limit,
         )
         return int(num_blocks)
 
-    def _kv_budget_bytes(self) -> int:
-        utilization = self.config.cache_config.gpu_memory_utilization
+    def kv_cache_budget(self) -> KVCacheBudget:
+        """This rank's KV cache bytes before the max_num_seqs cap (see the module docstring). With tensor
+        parallelism on the CPU every rank calls it: it waits for all of them to have loaded their weights."""
+        cc = self.config.cache_config
+        explicit = cc.kv_cache_memory_bytes
+        utilization = cc.gpu_memory_utilization
         if self.device.type == "cuda":
+            if explicit is not None:
+                return KVCacheBudget(explicit, f"kv_cache_memory_bytes={format_bytes(explicit)}")
             torch.cuda.reset_peak_memory_stats(self.device)
             self.profile_run()
             torch.cuda.synchronize(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
             held_by_others = total - free - torch.cuda.memory_reserved(self.device)
-            return int(total * utilization - peak - held_by_others)
+            return KVCacheBudget(
+                int(total * utilization - peak - held_by_others), f"gpu_memory_utilization={utilization} of the GPU"
+            )
         before = self._mem_available_before_weights
         tp_group = get_tp_group()
         tp_group.barrier()
-        weights_and_runtime = max(before - _mem_available_bytes(), 0)  # every rank's
-        return int((before * utilization - weights_and_runtime) / tp_group.world_size - self._cpu_activation_bytes())
+        after = _mem_available_bytes()
+        ranks = tp_group.world_size
+        per_rank = f" / {ranks} ranks" if ranks > 1 else ""
+        if explicit is not None:
+            if explicit * ranks > after:
+                raise ConfigError(
+                    f"kv_cache_memory_bytes={format_bytes(explicit)} per rank x {ranks} rank(s) exceeds the RAM "
+                    f"available after the weights loaded ({format_bytes(after)}); lower --kv-cache-memory-bytes"
+                )
+            return KVCacheBudget(explicit, f"kv_cache_memory_bytes={format_bytes(explicit)}")
+        weights_and_runtime = max(before - after, 0)  # every rank's
+        by_utilization = int((before * utilization - weights_and_runtime) / ranks - self._cpu_activation_bytes())
+        cap = int(min(CPU_KV_CACHE_DEFAULT_BYTES, CPU_KV_CACHE_DEFAULT_FRACTION * before) / ranks)
+        if cap <= by_utilization:
+            return KVCacheBudget(cap, (
+                f"the CPU default, min({format_bytes(CPU_KV_CACHE_DEFAULT_BYTES)}, "
+                f"{CPU_KV_CACHE_DEFAULT_FRACTION:g} x MemAvailable {format_bytes(before)}){per_rank}; "
+                "set --kv-cache-memory-bytes to change it"
+            ))  # fmt: skip
+        return KVCacheBudget(by_utilization, (
+            f"gpu_memory_utilization={utilization} x MemAvailable {format_bytes(before)} less the weights and "
+            f"activations{per_rank}"
+        ))  # fmt: skip
 
     def _cpu_activation_bytes(self) -> int:
         arch, sc = self.arch, self.config.scheduler_config

@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.entrypoints.engine_process import EngineInfo, run_engine_core
 from engine.entrypoints.prometheus import ServerMetrics
 from engine.entrypoints.protocol import ApiError
+from engine.executor.start_method import check_not_bootstrapping
 from engine.layers.onednn import bound_onednn_caches_for_children
 from engine.outputs import EngineCoreOutput, SchedulerStats
 from engine.request import Request, RequestTiming
@@ -91,6 +92,8 @@ class EngineClient:
         self.info: EngineInfo | None = None
         self.stats = SchedulerStats()
         self.dead = False
+        # Spawned, not forked (unlike the tensor-parallel ranks): the engine process must import torch afresh so
+        # that the oneDNN cache bounds below are in its environment when torch loads.
         self._ctx = multiprocessing.get_context("spawn")
         self._input: Any = self._ctx.Queue()
         self._output: Any = self._ctx.Queue()
@@ -106,6 +109,7 @@ class EngineClient:
 
     def start(self, timeout_s: float = 1800.0) -> EngineInfo:
         """Spawn the engine process and wait until the model is loaded (blocking)."""
+        check_not_bootstrapping("the engine process")
         bound_onednn_caches_for_children()
         self._process = self._ctx.Process(
             target=run_engine_core,

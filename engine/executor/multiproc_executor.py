@@ -1,5 +1,6 @@
-"""The tensor-parallel executor: one spawned worker process per rank (engine/executor/worker.py), driven from the
-engine core's process, which schedules and samples and holds no model.
+"""The tensor-parallel executor: one worker process per rank (engine/executor/worker.py), driven from the
+engine core's process, which schedules and samples and holds no model. The ranks are forked unless CUDA is
+initialised here, then spawned (engine/executor/start_method.py), so a plain script needs no main guard.
 
 Each step the driver flattens the SchedulerOutput into a ModelInput (token ids, positions, slots, block tables,
 sample rows: no Request objects), pickles it once and writes the same bytes to every rank's pipe; rank 0 answers
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from engine.config import ConfigError, EngineConfig
+from engine.executor.start_method import GUARD, check_not_bootstrapping, worker_start_method
 from engine.executor.worker import StepTimes, WorkerInfo, run_worker
 from engine.model_files import load_hf_config, resolve_model
 from engine.model_input import prepare_model_input
@@ -103,12 +105,21 @@ def _stop_workers(processes: list[Any], conns: list[Connection], graceful: bool)
         conn.close()
 
 
+def _run_forked_worker(inherited: list[Connection], *args: Any) -> None:
+    """A forked rank closes its copies of the earlier ranks' driver ends, so that each rank's pipe reaches EOF
+    when the driver closes it, then runs the worker."""
+    for conn in inherited:
+        conn.close()
+    run_worker(*args)
+
+
 class MultiprocExecutor:
     """The Executor of `tensor_parallel_size` > 1 (engine/executor/__init__.py)."""
 
     def __init__(self, config: EngineConfig, ready_timeout_s: float = 1800.0) -> None:
         from engine.model_runner import resolve_device
 
+        check_not_bootstrapping(f"the workers of tensor_parallel_size={config.parallel_config.tensor_parallel_size}")
         self.config = config
         mc, pc = config.model_config, config.parallel_config
         self.tensor_parallel_size = tp = pc.tensor_parallel_size
@@ -123,16 +134,20 @@ class MultiprocExecutor:
         self.block_size = config.cache_config.block_size
         self.stats = TensorParallelStats(tp)
         self._dead: str | None = None
-        context = multiprocessing.get_context("spawn")
+        self.start_method = worker_start_method()
+        self._ready = False
+        context = multiprocessing.get_context(self.start_method)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self._processes: list[Any] = []
         self._conns: list[Connection] = []
         self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns, True)
         for rank in range(tp):
             driver_end, worker_end = context.Pipe(duplex=True)
+            worker_args = (rank, config, init_method, worker_end, os.getpid())
+            forked = self.start_method == "fork"
             process = context.Process(
-                target=run_worker,
-                args=(rank, config, init_method, worker_end, os.getpid()),
+                target=_run_forked_worker if forked else run_worker,
+                args=(list(self._conns), *worker_args) if forked else worker_args,
                 name=f"servelab-tp-rank{rank}",
                 daemon=True,
             )
@@ -151,14 +166,16 @@ class MultiprocExecutor:
         except BaseException:
             self.shutdown()
             raise
+        self._ready = True
         info = infos[0]
         self.max_model_len: int = info.max_model_len
         self.eos_token_ids: list[int] = info.eos_token_ids
         self.vocab_size: int = info.vocab_size
         self.dtype = _DTYPES[info.dtype]
         logger.info(
-            "tensor_parallel_size=%d: %d worker processes on %s (%s, %d torch threads each)",
-            tp, tp, info.device, "nccl" if worker_device.type == "cuda" else "gloo", info.num_threads,
+            "tensor_parallel_size=%d: %d %s worker processes on %s (%s, %d torch threads each)", tp, tp,
+            "forked" if self.start_method == "fork" else "spawned", info.device,
+            "nccl" if worker_device.type == "cuda" else "gloo", info.num_threads,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- the Executor
@@ -217,8 +234,11 @@ class MultiprocExecutor:
     def _died(self, rank: int) -> EngineDeadError:
         process = self._processes[rank]
         process.join(timeout=1.0)
+        hint = ""
+        if not self._ready and self.start_method == "spawn":  # its own stderr says why; the usual cause:
+            hint = f"; a spawned rank imports the main module again: is the script's engine under `{GUARD}`?"
         return self._fail(
-            f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"
+            f"tensor-parallel worker rank {rank} (pid {process.pid}) died: {_describe_exit(process.exitcode)}{hint}"
         )
 
     def _error(self, rank: int, error: str) -> EngineDeadError:

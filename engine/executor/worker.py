@@ -1,5 +1,5 @@
-"""One tensor-parallel rank: a spawned process that joins the torch.distributed group, builds its shard of the model
-in a ModelRunner and runs the steps the driver sends it.
+"""One tensor-parallel rank: a forked (or spawned) process that joins the torch.distributed group, builds its
+shard of the model in a ModelRunner and runs the steps the driver sends it.
 
 Every message is one pickled tuple over the rank's own pipe (multiprocessing Connection, `send_bytes`).
 

@@ -10,9 +10,10 @@ sampled greedily by the engine's `Sampler` (what EngineCore does in a step, less
 
 A point's time is the median of `--repeats` runs after one warm-up run. The profile JSON holds the measurements,
 the fitted `CostModel` (engine/executor/cost_model.py) with its in-sample and leave-one-out relative errors, the
-KV cache's capacity on this machine (`kv_cache.tokens` at the given gpu_memory_utilization, uncapped by
-max_num_seqs), the fixed knobs (model, dtype, quantization, kv_cache_dtype, device, block size, and
-tensor-parallel size 1: the in-process runner), the machine and the versions.
+KV cache's capacity on this machine (`kv_cache.tokens`: the budget the engine would size with these knobs, its
+default cap or --kv-cache-memory-bytes / --gpu-memory-utilization, uncapped by max_num_seqs), the fixed knobs
+(model, dtype, quantization, kv_cache_dtype, device, block size, and tensor-parallel size 1: the in-process
+runner), the machine and the versions.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, ec
     if config.cache_config.num_gpu_blocks_override is not None:
         kv_tokens = config.cache_config.num_gpu_blocks_override * runner.block_size
     else:  # the pool this machine's memory holds, before the max_num_seqs cap (which the simulation applies)
-        kv_tokens = runner._kv_budget_bytes() // runner.block_bytes * runner.block_size
+        budget = runner.kv_cache_budget()
+        kv_tokens = budget.bytes // runner.block_bytes * runner.block_size
+        echo(f"KV cache budget: {budget.bytes} bytes ({budget.limit})")
     runner.initialize_kv_cache(cdiv(max(p.longest for p in grid), runner.block_size) + 1)
     for cache in runner.kv_caches:
         cache.zero_()  # shared blocks are read before any step of the grid writes them
@@ -164,6 +167,7 @@ def profile_model(knobs: dict[str, Any], grid: list[GridPoint], repeats: int, ec
             "tokens": int(kv_tokens),
             "bytes_per_token": runner.block_bytes // runner.block_size,
             "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+            "kv_cache_memory_bytes": config.cache_config.kv_cache_memory_bytes,
         },
         "cost_model": model.to_dict(),
         "measurements": [

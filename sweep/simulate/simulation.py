@@ -3,9 +3,9 @@
 The engine config is built exactly as a launched engine builds it (`EngineConfig.from_kwargs` with the model and
 knobs). The profile fixes what it measured: model, dtype, quantization, kv_cache_dtype, device and tensor-parallel
 size; a knob that contradicts it is an error, and so is a speculative_config (the simulation does not model
-speculation). The KV cache holds `--num-gpu-blocks-override` blocks, else what the profiled machine's memory held
-(`kv_cache.tokens` in the profile, measured at its gpu_memory_utilization), capped as the model runner caps it at
-max_num_seqs sequences of max_model_len.
+speculation). The KV cache holds `--num-gpu-blocks-override` blocks, else `--kv-cache-memory-bytes` at the
+profile's bytes per token, else what the profiled engine's budget held (`kv_cache.tokens` in the profile), capped
+as the model runner caps it at max_num_seqs sequences of max_model_len.
 """
 
 from __future__ import annotations
@@ -137,6 +137,12 @@ def engine_config(config: SimulateConfig) -> tuple[Any, int]:
     if cc.num_gpu_blocks_override is not None:
         return engine, cc.num_gpu_blocks_override
     tokens = config.profile.kv_cache_tokens
+    bytes_per_token = (config.profile.data.get("kv_cache") or {}).get("bytes_per_token")
+    if cc.kv_cache_memory_bytes is not None:
+        if not bytes_per_token:
+            raise ValueError(f"the profile {config.profile.path} has no kv_cache.bytes_per_token for "
+                             "--kv-cache-memory-bytes; pass --num-gpu-blocks-override")  # fmt: skip
+        tokens = cc.kv_cache_memory_bytes // bytes_per_token
     if not tokens:
         raise ValueError(f"the profile {config.profile.path} has no kv_cache.tokens; pass --num-gpu-blocks-override")
     num_blocks = min(tokens // cc.block_size, sc.max_num_seqs * cdiv(max_model_len, cc.block_size))

@@ -18,6 +18,7 @@ from engine.config import (
     engine_knobs,
     knob_args,
     model_context_length,
+    parse_byte_size,
 )
 from engine.distributed import valid_tensor_parallel_sizes
 from engine.model_files import ModelNotFoundError
@@ -37,6 +38,17 @@ def test_flat_knobs_land_in_their_component() -> None:
         32, 0.5, 40, False,
     )  # fmt: skip
     assert (sc.max_num_seqs, sc.max_num_batched_tokens, sc.enable_chunked_prefill) == (4, 128, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4294967296", 4 * 2**30), ("4GiB", 4 * 2**30), ("4G", 4 * 2**30), ("4GB", 4 * 10**9), ("1.5 GiB", 3 * 2**29),
+     ("512MiB", 2**29), ("64K", 2**16), ("2TB", 2 * 10**12)],
+)  # fmt: skip
+def test_byte_sizes_take_vllm_spellings(text: str, expected: int) -> None:
+    """vLLM's `4G` is binary (as its human_readable_int's upper-case suffixes); `GB` is decimal."""
+    assert parse_byte_size(text) == expected
+    assert CacheConfig(kv_cache_memory_bytes=text).kv_cache_memory_bytes == expected
 
 
 def test_defaults_follow_the_issue() -> None:
@@ -62,6 +74,12 @@ def test_defaults_follow_the_issue() -> None:
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be a positive number of bytes"),
+        ({"kv_cache_memory_bytes": -1}, "kv_cache_memory_bytes must be a positive number of bytes"),
+        ({"kv_cache_memory_bytes": True}, "kv_cache_memory_bytes must be a positive number of bytes"),
+        ({"kv_cache_memory_bytes": 1.5}, "kv_cache_memory_bytes must be a positive number of bytes"),
+        ({"kv_cache_memory_bytes": "4 gigs"}, "kv_cache_memory_bytes: not a byte size: '4 gigs'"),
+        ({"kv_cache_memory_bytes": "4g"}, "kv_cache_memory_bytes: not a byte size"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_num_batched_tokens": -1}, "max_num_batched_tokens"),
         ({"max_num_sequences": 4}, "max_num_sequences"),

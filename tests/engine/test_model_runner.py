@@ -14,6 +14,8 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
 
+GIB = 2**30
+
 
 def schedule(request: Request, num_new: int, block_ids: list[int], drafts: list[int] | None = None) -> ScheduledRequest:
     """As the scheduler plans a request: it samples when the known tokens reach the end of its tokens."""
@@ -170,13 +172,86 @@ def test_max_model_len_beyond_the_model_is_rejected() -> None:
         ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=10**6))
 
 
-def test_cpu_memory_fraction_covers_weights_activations_and_kv(monkeypatch: pytest.MonkeyPatch) -> None:
-    gib = 2**30
-    available = iter([8 * gib, 7 * gib])  # before the weights load, then after (1 GiB went to weights)
+def _memory(monkeypatch: pytest.MonkeyPatch, before: int, after: int) -> None:
+    """MemAvailable reads before the weights load, then after (before - after went to the weights)."""
+    available = iter([before, after])
     monkeypatch.setattr("engine.model_runner._mem_available_bytes", lambda: next(available))
-    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", gpu_memory_utilization=0.5))
-    expected = 0.5 * 8 * gib - 1 * gib - runner._cpu_activation_bytes()
-    assert runner._kv_budget_bytes() == int(expected)
+
+
+def test_cpu_memory_fraction_covers_weights_activations_and_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where gpu_memory_utilization's budget is below the default cap, it decides."""
+    _memory(monkeypatch, 8 * GIB, 7 * GIB)  # 1 GiB went to the weights
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", gpu_memory_utilization=0.3))
+    budget = runner.kv_cache_budget()
+    assert budget.bytes == int(0.3 * 8 * GIB - 1 * GIB - runner._cpu_activation_bytes())  # 1.4 GiB < the 2 GiB cap
+    assert budget.limit.startswith("gpu_memory_utilization=0.3")
+
+
+@pytest.mark.parametrize(("before", "expected"), [(64 * GIB, 4 * GIB), (8 * GIB, 2 * GIB)])
+def test_cpu_default_cap_is_the_smaller_of_4_gib_and_a_quarter_of_free_ram(
+    monkeypatch: pytest.MonkeyPatch, before: int, expected: int
+) -> None:
+    """The issue's 24 GiB machine gave 0.9 x MemAvailable (19.7 GiB) to the KV cache; the default is now at most
+    4 GiB, and a quarter of the free RAM where that is less."""
+    _memory(monkeypatch, before, before - GIB)
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random"))
+    budget = runner.kv_cache_budget()
+    assert budget.bytes == expected
+    assert budget.limit.startswith("the CPU default, min(4.00 GiB, 0.25 x MemAvailable")
+
+
+def test_cpu_default_cap_is_shared_by_the_tensor_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    _memory(monkeypatch, 64 * GIB, 63 * GIB)
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random"))
+
+    class TwoRanks:  # the group a rank of tensor_parallel_size=2 sees; the other rank is already at the barrier
+        world_size = 2
+
+        def barrier(self) -> None:
+            pass
+
+    monkeypatch.setattr("engine.model_runner.get_tp_group", TwoRanks)
+    budget = runner.kv_cache_budget()
+    assert budget.bytes == 2 * GIB and budget.limit.endswith("/ 2 ranks; set --kv-cache-memory-bytes to change it")
+
+
+def test_explicit_kv_cache_memory_bytes_overrides_the_default_and_the_utilization(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _memory(monkeypatch, 64 * GIB, 63 * GIB)
+    runner = ModelRunner(EngineConfig.from_kwargs(
+        model="tiny-random", max_model_len=64, kv_cache_memory_bytes="1MiB", gpu_memory_utilization=1e-9,
+    ))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        num_blocks = runner.determine_num_blocks()
+    assert num_blocks == 2**20 // runner.block_bytes
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:"))
+    assert f"KV cache: {num_blocks} blocks of 16 tokens" in line
+    assert f"{num_blocks * runner.block_bytes / 2**20:.1f} MiB per rank" in line
+    assert line.endswith("limit: kv_cache_memory_bytes=1.0 MiB")
+
+
+def test_the_start_up_line_names_the_max_num_seqs_cap(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _memory(monkeypatch, 64 * GIB, 63 * GIB)
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", max_model_len=64, max_num_seqs=2))
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        assert runner.determine_num_blocks() == 2 * 64 // runner.block_size
+    assert "limit: max_num_seqs=2 x max_model_len=64, under the CPU default" in caplog.text
+
+
+def test_kv_cache_memory_bytes_beyond_the_free_ram_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _memory(monkeypatch, 8 * GIB, 7 * GIB)
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", kv_cache_memory_bytes=16 * GIB))
+    with pytest.raises(ConfigError, match=r"kv_cache_memory_bytes=16.00 GiB per rank x 1 rank\(s\) exceeds the RAM"):
+        runner.kv_cache_budget()
+
+
+def test_kv_cache_memory_bytes_too_small_for_one_sequence_names_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = ModelRunner(EngineConfig.from_kwargs(model="tiny-random", kv_cache_memory_bytes=1024))
+    with pytest.raises(ConfigError, match=r"KV cache \(kv_cache_memory_bytes=1024 bytes\) has room for 0 tokens"):
+        runner.determine_num_blocks()
 
 
 def test_world_size_1_kv_cache_holds_every_kv_head(runner: ModelRunner) -> None:

@@ -15,16 +15,15 @@ from engine.model_runner import ModelRunner
 BUDGET = 3 * 2**20  # bytes: below the cap of max_num_seqs sequences, so the budget decides the block count
 
 
-def sized_runner(kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
-    monkeypatch.setattr(ModelRunner, "_kv_budget_bytes", lambda self: BUDGET)
-    config = EngineConfig.from_kwargs(model="tiny-random", max_model_len=256, kv_cache_dtype=kv_cache_dtype)
+def sized_runner(kv_cache_dtype: str) -> ModelRunner:
+    config = EngineConfig.from_kwargs(
+        model="tiny-random", max_model_len=256, kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=BUDGET
+    )
     return ModelRunner(config)
 
 
-def test_bfloat16_kv_doubles_the_blocks_of_a_float32_model(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    auto, bf16 = sized_runner("auto", monkeypatch), sized_runner("bfloat16", monkeypatch)
+def test_bfloat16_kv_doubles_the_blocks_of_a_float32_model(caplog: pytest.LogCaptureFixture) -> None:
+    auto, bf16 = sized_runner("auto"), sized_runner("bfloat16")
     assert auto.dtype == bf16.dtype == torch.float32
     assert (auto.kv_cache_dtype, bf16.kv_cache_dtype) == (torch.float32, torch.bfloat16)
     assert auto.block_bytes == 2 * bf16.block_bytes

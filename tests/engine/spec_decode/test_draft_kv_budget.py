@@ -9,11 +9,15 @@ from spec_decode_models import SMALL_VOCAB_CONFIG, SmallVocabModels
 
 from engine import LLM, SamplingParams
 from engine.model_files import random_state_dict, write_hf_checkpoint
-from engine.model_runner import ModelRunner
+from engine.model_runner import KVCacheBudget, ModelRunner
 
 PROMPTS = [[1] + [(i * 5 + j) % 13 + 3 for j in range(4 + 3 * i)] for i in range(3)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 KNOBS = {"dtype": "float32", "max_model_len": 32, "block_size": 4}  # 8 blocks hold one sequence
+
+
+def budget_of(num_bytes: int) -> KVCacheBudget:
+    return KVCacheBudget(num_bytes, "the test's budget")
 
 
 def kv_bytes(runner: ModelRunner) -> int:
@@ -38,7 +42,9 @@ def test_draft_kv_shares_the_target_budget_and_greedy_output_is_unchanged(
     small_vocab_models: SmallVocabModels, one_layer_draft: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The target's budget: 12 of its blocks and a half (the cap of max_num_seqs sequences never binds here).
-    monkeypatch.setattr(ModelRunner, "_kv_budget_bytes", lambda self: 12 * self.block_bytes + self.block_bytes // 2)
+    monkeypatch.setattr(
+        ModelRunner, "kv_cache_budget", lambda self: budget_of(12 * self.block_bytes + self.block_bytes // 2)
+    )
     plain = LLM(small_vocab_models.target, **KNOBS)
     assert plain.llm_engine.engine_core.num_gpu_blocks == 12
     reference = generate(plain)
@@ -49,7 +55,7 @@ def test_draft_kv_shares_the_target_budget_and_greedy_output_is_unchanged(
     assert core.spec_decoder is not None and core.spec_decoder.draft_model is not None
     target, draft_runner = core.model_executor, core.spec_decoder.draft_model.runner
     assert isinstance(target, ModelRunner)
-    budget = target._kv_budget_bytes()
+    budget = target.kv_cache_budget().bytes
     assert draft_runner.block_bytes * 2 == target.block_bytes  # one layer against two
     assert core.num_gpu_blocks == budget // (target.block_bytes + draft_runner.block_bytes) == 8
     assert draft_runner.num_blocks == core.num_gpu_blocks
@@ -64,7 +70,7 @@ def test_draft_kv_shares_the_target_budget_and_greedy_output_is_unchanged(
 def test_a_budget_the_draft_leaves_too_small_is_a_clear_error(
     small_vocab_models: SmallVocabModels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ModelRunner, "_kv_budget_bytes", lambda self: 10 * self.block_bytes)
+    monkeypatch.setattr(ModelRunner, "kv_cache_budget", lambda self: budget_of(10 * self.block_bytes))
     LLM(small_vocab_models.target, **KNOBS)  # 10 blocks hold one 32-token sequence (8 blocks)
     draft = {"method": "draft_model", "model": small_vocab_models.draft, "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="draft KV"):  # half as many blocks with a same-size draft: 5 < 8

@@ -136,6 +136,19 @@ def test_simulate_refuses_speculative_decoding(tmp_path: Path, profile_path: Pat
         engine_config(config)
 
 
+def test_simulated_kv_cache_follows_kv_cache_memory_bytes(tmp_path: Path, profile_path: Path) -> None:
+    """The cap the engine would take, at the profile's bytes per token; without it, the profiled budget."""
+    data = json.loads(profile_path.read_text())
+    data["kv_cache"]["bytes_per_token"] = 1024
+    profile_path.write_text(json.dumps(data))
+    knobs = {"max_model_len": 128, "max_num_seqs": 64}
+    capped = SimulateConfig(output_dir=tmp_path, profile=load_profile(profile_path),
+                            engine_knobs={**knobs, "kv_cache_memory_bytes": "1MiB"})  # fmt: skip
+    assert engine_config(capped)[1] == 2**20 // 1024 // 16  # 1024 tokens in blocks of 16
+    profiled = SimulateConfig(output_dir=tmp_path, profile=load_profile(profile_path), engine_knobs=knobs)
+    assert engine_config(profiled)[1] == 4096 // 16
+
+
 def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: Path) -> None:
     from sweep.run.cost import CostConfig
 
