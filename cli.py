@@ -23,9 +23,15 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-model_app = typer.Typer(help="Prepare the default and other checkpoints; profile a model's step cost.", no_args_is_help=True)
-check_app = typer.Typer(help="Correctness and machine checks: kernels, greedy output, quality, GPU.", no_args_is_help=True)
-lab_app = typer.Typer(help="Studies of the tool itself (gate noise, tuner efficiency, simulator fit, ...).", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Prepare the default and other checkpoints; profile a model's step cost.", no_args_is_help=True
+)
+check_app = typer.Typer(
+    help="Correctness and machine checks: kernels, greedy output, quality, GPU.", no_args_is_help=True
+)
+lab_app = typer.Typer(
+    help="Studies of the tool itself (gate noise, tuner efficiency, simulator fit, ...).", no_args_is_help=True
+)
 
 # The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
 # get the report renderer and the workload loader from here.

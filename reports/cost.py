@@ -55,7 +55,7 @@ def with_cost(
 def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: float = 0.9) -> Figure | None:
     """USD per million good output tokens against load, log scale; filled markers meet the attainment goal
     (hollow ones miss it), and a dotted line marks each run's largest load that meets it (the SLO boundary)."""
-    from reports.plots import colour, load_label, use_log_x, plt
+    from reports.plots import colour, load_label, plt, use_log_x
 
     priced = [r for r in runs if COST_COLUMN in r.points]
     if not priced:

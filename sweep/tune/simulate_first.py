@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 from sweep.tune.backend import TrialWorkload
 from sweep.tune.objective import Evaluation, Infeasible, MeasurePoint, attainment_violation, evaluate
 from sweep.tune.space import known_constraint_violation
-from sweep.tune.study import TrialBackend, TuneObjective, decisive_point, point_summary, feasible
+from sweep.tune.study import TrialBackend, TuneObjective, decisive_point, feasible, point_summary
 
 PRUNED_STATUS = "pruned by simulation"
 
