@@ -81,3 +81,66 @@ def test_the_sweep_client_does_load_aiohttp() -> None:
     """The check above can see aiohttp: the HTTP client module, and only it among these, brings it in."""
     assert "aiohttp" in loaded_after_importing(["sweep.point.client"])
     assert "aiohttp" not in loaded_after_importing(["sweep", "sweep.point.records", "sweep.point.benchmark_metrics"])
+
+
+# sweep's subpackages by job, bottom up: the client and one point; a run (sweeps, search, repeats, run directory),
+# which times the machine with the mock's calibration (and the mock launches through the run's launcher); then the
+# jobs built on runs. A subpackage -> the sweep subpackages its modules may import (cli_options: command modules).
+SWEEP_LAYERS = {
+    "point": {"point"},
+    "run": {"point", "run", "mock", "cli_options"},
+    "mock": {"point", "run", "mock", "cli_options"},
+    "soak": {"point", "run", "soak", "cli_options"},
+    "simulate": {"point", "run", "simulate", "cli_options"},
+    "tune": {"point", "run", "simulate", "tune", "cli_options"},
+}
+
+
+def sweep_subpackages_imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names if node.module == "sweep"]
+        names.update(m.split(".")[1] for m in modules if m.startswith("sweep.") and m.count(".") >= 1)
+    return names
+
+
+@pytest.mark.parametrize("subpackage", sorted(SWEEP_LAYERS))
+def test_sweep_subpackages_import_only_the_layers_below_them(subpackage: str) -> None:
+    violations = []
+    for path in sorted((ROOT / "sweep" / subpackage).rglob("*.py")):
+        extra = sweep_subpackages_imported(path) - SWEEP_LAYERS[subpackage]
+        violations += [f"{path.relative_to(ROOT)} imports sweep.{name}" for name in sorted(extra)]
+    assert not violations, "\n".join(violations)
+
+
+# typer belongs to the modules that declare `bench` commands. engine/benchmarks/ still defines each study's command
+# beside its measurement code (splitting them is open work of issue 27), so those modules are listed by name.
+COMMAND_MODULE_NAMES = {"commands.py", "cli_options.py", "cli.py", "replay_commands.py"}
+TYPER_ALSO_IN = {"engine/benchmarks", "sweep/compare_llama_cpp.py"}
+
+
+def test_only_command_modules_import_typer() -> None:
+    offenders = []
+    for package in ("engine", "sweep", "reports", "workloads"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if path.name in COMMAND_MODULE_NAMES or any(relative.startswith(p) for p in TYPER_ALSO_IN):
+                continue
+            if "typer" in imported_packages(path):
+                offenders.append(relative)
+    assert not offenders, "library modules that import typer:\n" + "\n".join(offenders)
+
+
+def test_the_module_map_lists_every_module_and_only_existing_ones() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## Module map", 1)[1]
+    listed = {line.split("`")[1] for line in text.splitlines() if line.startswith("- `")}
+    modules = {
+        p.relative_to(ROOT).as_posix()
+        for package in ("engine", "sweep", "workloads", "reports")
+        for p in (ROOT / package).rglob("*.py")
+        if "data" not in p.relative_to(ROOT).parts
+    }
+    assert sorted(modules - listed) == [], "modules missing from docs/ARCHITECTURE.md's module map"
+    assert sorted(listed - modules) == [], "the module map lists modules that do not exist"
