@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from engine.cli_options import renamed_command
+
 if TYPE_CHECKING:
     from engine.benchmarks.throughput import WorkloadLoader
 
@@ -25,7 +27,8 @@ def register(
     from engine.benchmarks.throughput import prepare_model, throughput
 
     app.command("throughput", context_settings={"obj": load_workload})(throughput)
-    app.command("prepare-model")(prepare_model)
+    groups["model"].command("prepare")(prepare_model)
+    app.command("prepare-model", hidden=True)(renamed_command(prepare_model, "bench model prepare"))
 
     from engine.benchmarks.tensor_parallel import throughput_tp
 
@@ -33,15 +36,18 @@ def register(
 
     from engine.benchmarks.gpu_check import gpu_check
 
-    app.command("gpu-check")(gpu_check)
+    groups["check"].command("gpu")(gpu_check)
+    app.command("gpu-check", hidden=True)(renamed_command(gpu_check, "bench check gpu"))
 
     from engine.benchmarks.omp_wait_policy import omp_wait_policy
 
-    app.command("omp-wait-policy")(omp_wait_policy)
+    groups["lab"].command("omp-wait-policy")(omp_wait_policy)
+    app.command("omp-wait-policy", hidden=True)(renamed_command(omp_wait_policy, "bench lab omp-wait-policy"))
 
     from engine.benchmarks.quality import quality
 
-    app.command("quality")(quality)
+    groups["check"].command("quality")(quality)
+    app.command("quality", hidden=True)(renamed_command(quality, "bench check quality"))
 
     from engine.benchmarks.decode_speed import decode_speed
 
@@ -49,7 +55,8 @@ def register(
 
     from engine.benchmarks.decode_profile import decode_profile
 
-    app.command("decode-profile")(decode_profile)
+    groups["lab"].command("decode-profile")(decode_profile)
+    app.command("decode-profile", hidden=True)(renamed_command(decode_profile, "bench lab decode-profile"))
 
     from engine.benchmarks.structured_outputs import structured_outputs_bench
 

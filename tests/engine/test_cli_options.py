@@ -137,3 +137,13 @@ def test_a_command_needs_the_knobs_parameter() -> None:
 
     with pytest.raises(TypeError, match="engine_knobs"):
         with_engine_knobs(command)
+
+
+def test_a_renamed_command_runs_as_before_and_names_its_new_spelling() -> None:
+    """`bench prepare-model` is hidden from --help and still works, with one note naming `bench model prepare`."""
+    listed = CliRunner().invoke(app, ["--help"]).output
+    old = CliRunner().invoke(app, ["prepare-model", "tiny-random"])
+    new = CliRunner().invoke(app, ["model", "prepare", "tiny-random"])
+    assert "prepare-model" not in listed and "model" in listed
+    assert old.exit_code == 0 and new.exit_code == 0, (old.output, new.output)
+    assert "`bench model prepare`" in old.stderr and "`bench model prepare`" not in new.stderr

@@ -91,5 +91,5 @@ def test_attention_timing_runs_both_kernels() -> None:
 
 def test_the_command_refuses_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = CliRunner().invoke(app, ["gpu-check"])
+    result = CliRunner().invoke(app, ["check", "gpu"])
     assert result.exit_code == 1 and "needs a CUDA device" in result.output

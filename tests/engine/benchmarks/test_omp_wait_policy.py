@@ -45,7 +45,7 @@ def test_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
         return [ThreadsCell(p, b, v, v == 0.0) for (p, b), v in values.items()]
 
     monkeypatch.setattr(omp_wait_policy, "run_grid", fake_grid)
-    result = CliRunner().invoke(app, ["omp-wait-policy", "--timeout-s", "99"])
+    result = CliRunner().invoke(app, ["lab", "omp-wait-policy", "--timeout-s", "99"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[1].split() == ["ACTIVE", "20.0", "tok/s", ">", "99", "s", "0.00"]

@@ -63,13 +63,13 @@ def test_model_flops_formula() -> None:
 
 
 def test_prepare_model_prints_the_directory() -> None:
-    result = CliRunner().invoke(app, ["prepare-model", "tiny-random"])
+    result = CliRunner().invoke(app, ["model", "prepare", "tiny-random"])
     assert result.exit_code == 0, result.output
     assert Path(result.output.strip().splitlines()[-1], "config.json").is_file()
 
 
 def test_bad_input_ends_with_a_message_not_a_traceback(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["prepare-model", str(tmp_path / "missing.gguf")])
+    result = CliRunner().invoke(app, ["model", "prepare", str(tmp_path / "missing.gguf")])
     assert result.exit_code == 1 and "does not exist" in result.output
     args = ["throughput", "--model", "tiny-random", "--max-model-len", "99999", "--num-prompts", "1"]
     result = CliRunner().invoke(app, args)
