@@ -3,7 +3,7 @@
 # and the validation sweeps, in one run under `flock /work/bench.lock` so they see the same machine:
 #   flock /work/bench.lock docs/simulate_validation.sh OUT_DIR
 # The predictions are made afterwards (simulation is deterministic, its timing is not measured):
-#   bench profile-serving --profile OUT/profile.json --measured OUT/cal --measured OUT/cal_long \
+#   bench lab profile-serving --profile OUT/profile.json --measured OUT/cal --measured OUT/cal_long \
 #     --output OUT/profile_served.json
 #   bench simulate --profile OUT/profile{,_served}.json <the same flags as each sweep below>
 # Points are 8-30 requests (one request's order moved the medians of the old 4-12); ~8-11 minutes on a quiet

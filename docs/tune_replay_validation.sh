@@ -5,7 +5,7 @@
 # seed), then the whole grid once more (the run-to-run spread of the same configurations). One locked run:
 #   flock /work/bench.lock docs/tune_replay_validation.sh OUT_DIR
 # SLO=ttft=...,tpot=... overrides the SLO (default ttft=3000,tpot=150); RERUN=0 skips the second full grid.
-# Afterwards (no timing): bench tune-launches OUT/full simfirst=OUT/simfirst rerun=OUT/full2
+# Afterwards (no timing): bench lab tune-launches OUT/full simfirst=OUT/simfirst rerun=OUT/full2
 set -euo pipefail
 O=${1:?usage: tune_replay_validation.sh OUT_DIR}
 mkdir -p "$O"

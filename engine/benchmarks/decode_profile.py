@@ -1,4 +1,4 @@
-"""`bench decode-profile`: where one stream's per-token decode time goes, in this engine and in llama.cpp.
+"""`bench lab decode-profile`: where one stream's per-token decode time goes, in this engine and in llama.cpp.
 
 Both run in this process on the same prompt token ids (`input_len` of them, then `output_len` greedy tokens, EOS
 ignored), so what is left of a server's TPOT over these figures is its HTTP/streaming path (compare with

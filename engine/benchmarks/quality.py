@@ -1,4 +1,4 @@
-"""`bench quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
+"""`bench check quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
 public-domain text.
 
 The text (engine/benchmarks/data/, provenance in its README.md) is tokenized once and cut into windows of

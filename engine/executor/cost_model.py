@@ -11,7 +11,7 @@ with every coefficient >= 0 (non-negative least squares on relative error): piec
 concave or convex in tokens between the breakpoints `k` as the measurements say (a GEMM gets cheaper per row as
 batches grow, until it is compute bound), and linear in the attention terms.
 
-`bench profile` times the model runner and the sampler only. A served step also pays what surrounds them: the
+`bench model profile` times the model runner and the sampler only. A served step also pays what surrounds them: the
 engine core's scheduling, sampling metadata and output queue, and, for every token it streams, the API process's
 detokenisation, SSE framing and HTTP write (on a CPU machine, on the same cores as the model). Those costs are
 `serving` terms, fitted from measured `bench sweep` runs (sweep/serving_fit.py, `bench profile-serving`):

@@ -142,10 +142,12 @@ def tune(
     gpus_per_instance: int = shared_option("gpus_per_instance"),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
-        "are infeasible, cause quality (measured with `bench quality` once per weight and KV-cache dtype setting, "
-        "before any launch)."
+        "are infeasible, cause quality (measured with `bench check quality` once per weight and KV-cache dtype "
+        "setting, before any launch)."
     ),
-    quality_window: int = typer.Option(1024, help="--max-quality-loss: tokens per scored window (bench quality)."),
+    quality_window: int = typer.Option(
+        1024, help="--max-quality-loss: tokens per scored window (bench check quality)."
+    ),
     quality_tokens: int | None = typer.Option(None, help="--max-quality-loss: score only the text's first N tokens."),
     quality_chunk: int = typer.Option(64, help="--max-quality-loss: prefill chunk (--max-num-batched-tokens) of the "
                                       "measurement, below the window so the KV cache's dtype is seen."),

@@ -3,7 +3,7 @@ model is infeasible, known before its engine is launched.
 
 Quality depends only on the knobs that change the numbers the model computes with (`QUALITY_KNOBS`: the weight
 knobs, with the dtype they are stored in, and the KV cache's dtype), so it is measured once per such setting, in this
-process, with `bench quality`'s `measure_quality` (the setting against the same knobs with quantization=none and
+process, with `bench check quality`'s `measure_quality` (the setting against the same knobs with quantization=none and
 kv_cache_dtype=auto), and cached in the study's user attributes under `quality:<setting JSON>`: a resumed study, and
 every worker sharing its storage, reads it instead of measuring again. quantization=none with kv_cache_dtype=auto is
 the reference itself: a loss of 0, never measured.
@@ -53,9 +53,9 @@ def parse_max_quality_loss(text: str) -> float:
 class QualityGuardConfig:
     model: str
     max_loss: float  # the largest allowed perplexity / reference_perplexity - 1
-    window: int = 1024  # `bench quality --window`
-    num_tokens: int | None = None  # `bench quality --num-tokens` (None: the whole text)
-    chunk_tokens: int = 64  # `bench quality --max-num-batched-tokens`: below the window, so the KV cache is read
+    window: int = 1024  # `bench check quality --window`
+    num_tokens: int | None = None  # `bench check quality --num-tokens` (None: the whole text)
+    chunk_tokens: int = 64  # `bench check quality --max-num-batched-tokens`: below the window, so the KV cache is read
 
     def __post_init__(self) -> None:
         if self.max_loss < 0:
@@ -125,7 +125,8 @@ class QualityGuard:
         self.measure = measure or measure_in_process(config)
 
     def quality(self, study: optuna.Study, knobs: dict[str, Any]) -> dict[str, Any]:
-        """The setting's quality record: `perplexity_increase` and, once measured, `bench quality`'s other fields."""
+        """The setting's quality record: `perplexity_increase` and, once measured, `bench check quality`'s other
+        fields."""
         setting = quality_setting(knobs)
         if is_reference(setting):
             return {"perplexity_increase": 0.0, "setting": setting}

@@ -1,4 +1,4 @@
-"""`bench gpu-check`'s parts on the CPU: the kernel checks (interpreted Triton, small shapes, and one broken
+"""`bench check gpu`'s parts on the CPU: the kernel checks (interpreted Triton, small shapes, and one broken
 kernel they must catch), the roofline arithmetic by hand, the decode timing loop, the greedy comparison, and
 the command's refusal without CUDA."""
 

@@ -1,4 +1,4 @@
-"""`bench omp-wait-policy`: its grid of runs (a fake runner), a real busy-client cell with a stub command, and the
+"""`bench lab omp-wait-policy`: its grid of runs (a fake runner), a real busy-client cell with a stub command, and the
 table it prints."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`bench quality`: perplexity equals HF transformers' on the shipped text (float32, 0.1 %), the shipped text is the
-recorded one, and on the default model int8/int4 stay within the issue's perplexity bounds."""
+"""`bench check quality`: perplexity equals HF transformers' on the shipped text (float32, 0.1 %), the shipped text is
+the recorded one, and on the default model int8/int4 stay within the issue's perplexity bounds."""
 
 from __future__ import annotations
 
