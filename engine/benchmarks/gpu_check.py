@@ -1,4 +1,4 @@
-"""`bench gpu-check` (`make gpu-check`): one command that checks and times the engine's CUDA path.
+"""`bench check gpu` (`make gpu-check`): one command that checks and times the engine's CUDA path.
 
 1. Every Triton kernel against a torch reference (engine/benchmarks/kernel_checks.py), float32 and bfloat16.
 2. Greedy output of the engine (triton backend, float32) against HF transformers `generate`, token for token.
@@ -226,7 +226,7 @@ def gpu_check(
     import torch
 
     if not torch.cuda.is_available():
-        typer.echo("error: bench gpu-check needs a CUDA device (torch sees none)", err=True)
+        typer.echo("error: bench check gpu needs a CUDA device (torch sees none)", err=True)
         raise typer.Exit(1)
     from engine import LLM
     from engine.benchmarks.kernel_checks import run_kernel_checks

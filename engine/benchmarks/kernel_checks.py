@@ -1,4 +1,4 @@
-"""Every Triton kernel against a torch reference on random inputs: the first part of `bench gpu-check`.
+"""Every Triton kernel against a torch reference on random inputs: the first part of `bench check gpu`.
 
 The cases cover GQA ratios 1/4/8, block sizes 16 and 32, split-K on and off, prefill chunks with and without
 cached context, the KV-cache write and the fused norm and activation kernels. `length` scales the sequence

@@ -1,4 +1,4 @@
-"""`bench quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
+"""`bench check quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
 public-domain text.
 
 The text (engine/benchmarks/data/, provenance in its README.md) is tokenized once and cut into windows of
@@ -143,9 +143,9 @@ def quality(
     Both are teacher-forced through prompt_logprobs; the reference is the same configuration with
     --quantization none and --kv-cache-dtype auto.
     """
-    from engine.benchmarks.throughput import _clean_errors, _engine_logs
+    from engine.benchmarks.throughput import clean_errors, engine_logs
 
-    with _clean_errors(), _engine_logs():
+    with clean_errors(), engine_logs():
         result = measure_quality({**engine_knobs, "model": model}, window=window, num_tokens=num_tokens)
     typer.echo(
         f"Quality ({result.model}, quantization={result.quantization}, kv_cache_dtype={result.kv_cache_dtype}, "

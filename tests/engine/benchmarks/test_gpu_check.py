@@ -1,4 +1,4 @@
-"""`bench gpu-check`'s parts on the CPU: the kernel checks (interpreted Triton, small shapes, and one broken
+"""`bench check gpu`'s parts on the CPU: the kernel checks (interpreted Triton, small shapes, and one broken
 kernel they must catch), the roofline arithmetic by hand, the decode timing loop, the greedy comparison, and
 the command's refusal without CUDA."""
 
@@ -91,5 +91,5 @@ def test_attention_timing_runs_both_kernels() -> None:
 
 def test_the_command_refuses_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = CliRunner().invoke(app, ["gpu-check"])
+    result = CliRunner().invoke(app, ["check", "gpu"])
     assert result.exit_code == 1 and "needs a CUDA device" in result.output

@@ -1,4 +1,4 @@
-"""`bench omp-wait-policy`: its grid of runs (a fake runner), a real busy-client cell with a stub command, and the
+"""`bench lab omp-wait-policy`: its grid of runs (a fake runner), a real busy-client cell with a stub command, and the
 table it prints."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks import omp_wait_policy
-from engine.benchmarks.omp_wait_policy import ThreadsCell
+from engine.lab import omp_wait_policy
+from engine.lab.omp_wait_policy import ThreadsCell
 
 
 def test_the_grid_runs_each_policy_alone_and_beside_a_client() -> None:
@@ -45,7 +45,7 @@ def test_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
         return [ThreadsCell(p, b, v, v == 0.0) for (p, b), v in values.items()]
 
     monkeypatch.setattr(omp_wait_policy, "run_grid", fake_grid)
-    result = CliRunner().invoke(app, ["omp-wait-policy", "--timeout-s", "99"])
+    result = CliRunner().invoke(app, ["lab", "omp-wait-policy", "--timeout-s", "99"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[1].split() == ["ACTIVE", "20.0", "tok/s", ">", "99", "s", "0.00"]

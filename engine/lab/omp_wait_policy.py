@@ -1,4 +1,4 @@
-"""`bench omp-wait-policy`: engine output tok/s under each OpenMP wait policy, alone and beside a busy client.
+"""`bench lab omp-wait-policy`: engine output tok/s under each OpenMP wait policy, alone and beside a busy client.
 
 Each cell is one `bench throughput` run of the engine in its own process (OMP_WAIT_POLICY is read when torch
 loads, so it cannot change inside one process). "beside a client" runs a process that keeps one core busy
