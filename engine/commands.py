@@ -38,7 +38,7 @@ def register(
     app.command("prepare-model", hidden=True)(renamed_command(prepare_model, "bench model prepare"))
 
     from engine.benchmarks.gpu_check import gpu_check
-    from engine.benchmarks.quality import quality
+    from engine.benchmarks.quality_command import quality
 
     groups["check"].command("gpu")(gpu_check)
     groups["check"].command("quality")(quality)
