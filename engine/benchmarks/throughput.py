@@ -28,9 +28,12 @@ from engine.cli_options import knob_option, with_engine_knobs
 VARY_HELP = (
     "KNOB=V1,V2,...: one engine per value (an engine knob by its config field name: dtype, quantization, "
     "kv_cache_dtype, tensor_parallel_size, max_num_seqs, cpu_threads, ...; `default` = the engine's default), the "
-    "same requests, then a ratio table. Repeat for a grid (the first --vary outermost). num_speculative_tokens=0,2,4 "
-    "varies speculation: 0 off, K n-gram with K tokens (or --speculative-config with its num_speculative_tokens "
-    "set to K). Each engine serves one untimed warm-up request first."
+    "same requests, then a table of output tok/s against the first combination (and, with 2+ --vary, against the "
+    "first value of the first --vary, the rest alike). Repeat for a grid (the first --vary outermost). "
+    "num_speculative_tokens=0,2,4 varies speculation: 0 off, K n-gram with K tokens (or --speculative-config with its "
+    "num_speculative_tokens set to K); knobs whose values hold commas (speculative_config, "
+    "structured_outputs_config, quantization_skip) are not varied. Each engine serves one untimed warm-up request "
+    "first; with --temperature 0 the table says whether each point's tokens are the first's."
 )
 
 
