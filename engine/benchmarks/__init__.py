@@ -1,1 +1,2 @@
-"""Offline benchmarks of the engine (`bench throughput`)."""
+"""What the engine's own commands need: `bench throughput` and its `--vary`, `bench model prepare`, `bench check gpu`
+(with the kernel checks) and `bench check quality`, and `python -m engine.benchmarks.scheduler_cost`."""

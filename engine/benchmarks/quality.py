@@ -1,5 +1,5 @@
-"""`bench check quality`: what a quantization or KV-cache dtype setting costs in quality, measured on a shipped
-public-domain text.
+"""The measurement behind `bench check quality` (the command: quality_command.py): what a quantization or
+KV-cache dtype setting costs in quality, measured on a shipped public-domain text.
 
 The text (engine/benchmarks/data/, provenance in its README.md) is tokenized once and cut into windows of
 `window` tokens; each window is one prompt scored teacher-forced through the engine's `prompt_logprobs`
@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import typer
-
-from engine.cli_options import knob_option, with_engine_knobs
 
 TEXT_PATH = Path(__file__).parent / "data" / "coriolanus_act1.txt"
 TEXT_SOURCE = (
@@ -128,33 +123,3 @@ def measure_quality(
         perplexity_increase=run.perplexity / reference.perplexity - 1.0,
         top1_agreement=agreement / len(run.top1_token_ids),
     )
-
-
-@with_engine_knobs
-def quality(
-    engine_knobs: dict[str, Any],
-    model: str = knob_option("model", "smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
-    window: int = typer.Option(1024, help="Tokens per scored window (each window is one prompt)."),
-    num_tokens: int | None = typer.Option(None, help="Score only the text's first N tokens [default: all]."),
-    output_json: Path | None = typer.Option(None, help="Write the result here as JSON."),
-) -> None:
-    """Perplexity on a shipped public-domain text and top-1 agreement with the reference.
-
-    Both are teacher-forced through prompt_logprobs; the reference is the same configuration with
-    --quantization none and --kv-cache-dtype auto.
-    """
-    from engine.benchmarks.throughput import _clean_errors, _engine_logs
-
-    with _clean_errors(), _engine_logs():
-        result = measure_quality({**engine_knobs, "model": model}, window=window, num_tokens=num_tokens)
-    typer.echo(
-        f"Quality ({result.model}, quantization={result.quantization}, kv_cache_dtype={result.kv_cache_dtype}, "
-        f"dtype={result.dtype}; "
-        f"{result.num_scored_tokens} tokens of {TEXT_PATH.name}):\n"
-        f"  perplexity {result.perplexity:.4f} vs reference {result.reference_perplexity:.4f} "
-        f"({100 * result.perplexity_increase:+.2f} %)\n"
-        f"  top-1 agreement with reference: {100 * result.top1_agreement:.2f} %"
-    )
-    if output_json is not None:
-        output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(asdict(result), indent=2) + "\n")

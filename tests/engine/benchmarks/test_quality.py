@@ -43,7 +43,8 @@ def test_engine_perplexity_equals_hf_on_the_text(tmp_path: Path) -> None:
     windows = text_windows(get_tokenizer("tiny-random"), 96, 200)  # windows of 96, 96 and 8 tokens
     expected = hf_perplexity("tiny-random", windows)
     out = tmp_path / "quality.json"
-    args = ["check", "quality", "--model", "tiny-random", "--dtype", "float32", "--window", "96", "--num-tokens", "200"]
+    args = ["check", "quality", "--model", "tiny-random", "--dtype", "float32", "--window", "96"]
+    args += ["--num-tokens", "200"]
     result = CliRunner().invoke(app, [*args, "--quantization", "int8", "--output-json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
@@ -55,7 +56,8 @@ def test_engine_perplexity_equals_hf_on_the_text(tmp_path: Path) -> None:
 def test_kv_cache_dtype_reaches_the_run_and_the_reference_keeps_the_model_dtype(tmp_path: Path) -> None:
     """Chunks of 32 tokens, so later chunks read the window's K/V back from the bfloat16 cache."""
     out = tmp_path / "quality.json"
-    args = ["check", "quality", "--model", "tiny-random", "--dtype", "float32", "--window", "96", "--num-tokens", "100"]
+    args = ["check", "quality", "--model", "tiny-random", "--dtype", "float32", "--window", "96"]
+    args += ["--num-tokens", "100"]
     args += ["--kv-cache-dtype", "bfloat16", "--max-num-batched-tokens", "32", "--output-json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

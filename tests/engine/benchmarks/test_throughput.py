@@ -9,9 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks.throughput import model_flops
-from engine.model_files import TINY_RANDOM_CONFIG
-from engine.models import ArchConfig
 
 FIELDS = (
     "requests_per_second",
@@ -53,13 +50,6 @@ def test_lengths_from_a_workload(tmp_path: Path) -> None:
 def test_unknown_workload_is_a_clear_error() -> None:
     result = CliRunner().invoke(app, ["throughput", "--model", "tiny-random", "--workload", "no-such-mix"])
     assert result.exit_code != 0 and "unknown workload" in result.output
-
-
-def test_model_flops_formula() -> None:
-    arch = ArchConfig.from_hf(TINY_RANDOM_CONFIG)
-    # per layer: qkv 64*(64+2*32) + o 64*64 + mlp 3*64*128 = 8192 + 4096 + 24576
-    per_token = 2 * 2 * (8192 + 4096 + 24576)
-    assert model_flops(arch, total_tokens=10, output_tokens=3) == per_token * 10 + 2 * 49152 * 64 * 3
 
 
 def test_prepare_model_prints_the_directory() -> None:

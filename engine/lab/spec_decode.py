@@ -1,4 +1,5 @@
-"""`bench spec-decode`: output tok/s and TPOT with and without n-gram speculation, side by side in one run.
+"""`bench spec-decode` (hidden; now `bench throughput --vary num_speculative_tokens=0,2,4,6 --vary
+max_num_seqs=1,8 --temperature 0`): output tok/s and TPOT with and without n-gram speculation, side by side.
 
 For each num_speculative_tokens K (0 = no speculation) one engine is built, warmed up, and serves the same requests
 at each concurrency (a closed loop: a new request enters as soon as one finishes). Requests are greedy, so every K
@@ -26,6 +27,7 @@ from typing import Any
 
 import typer
 
+from engine.benchmarks.throughput_run import acceptance
 from engine.cli_options import knob_option, with_engine_knobs
 
 
@@ -80,20 +82,6 @@ def run_closed_loop(engine: Any, prompts: Sequence[_Prompt], params: Callable[[i
                 in_flight -= 1
                 progress()
     return time.perf_counter() - start, tokens, tpots
-
-
-def acceptance(before: Any, after: Any) -> tuple[float | None, float | None, list[float]]:
-    """Acceptance rate, mean acceptance length and per-position rates between two SpecDecodingStats."""
-    if after is None:
-        return None, None, []
-    drafts = after.num_drafts - before.num_drafts
-    draft_tokens = after.num_draft_tokens - before.num_draft_tokens
-    accepted = after.num_accepted_tokens - before.num_accepted_tokens
-    if drafts == 0:
-        return 0.0, 1.0, [0.0] * len(after.num_accepted_tokens_per_pos)
-    per_pos = [(a - b) / drafts for a, b in zip(after.num_accepted_tokens_per_pos, before.num_accepted_tokens_per_pos,
-                                                strict=True)]  # fmt: skip
-    return accepted / draft_tokens, 1 + accepted / drafts, per_pos
 
 
 def measure(model: str, prompts: list[_Prompt], ks: list[int], concurrencies: list[int], knobs: dict[str, Any],
@@ -196,7 +184,8 @@ def spec_decode(
 
     The engine knobs apply to every run except --speculative-config, which this command sets per K.
     """
-    from engine.benchmarks.throughput import _clean_errors, make_requests
+    from engine.benchmarks.throughput import clean_errors
+    from engine.benchmarks.throughput_run import chat_prompt_ids, make_requests
     from engine.tokenizer import get_tokenizer
 
     ks = _int_list(num_speculative_tokens, "--num-speculative-tokens", 0)
@@ -212,10 +201,10 @@ def spec_decode(
         raise typer.BadParameter("bench spec-decode needs the workloads package, which this `bench` was built without")
     load_workload, load_texts = loaders
     tokenizer = get_tokenizer(engine_knobs.get("tokenizer") or model)
-    with _clean_errors():
+    with clean_errors():
         if workload == "copy-heavy":
             texts = load_texts(workload, num_requests=num_prompts, seed=seed, output_len=output_len)
-            prompts = [_Prompt(_chat_ids(tokenizer, t.prompt), t.output_len) for t in texts]
+            prompts = [_Prompt(chat_prompt_ids(tokenizer, t.prompt), t.output_len) for t in texts]
             ignore_eos = False
         else:
             from engine.config import model_context_length
@@ -234,11 +223,3 @@ def spec_decode(
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps([asdict(p) for p in points], indent=2) + "\n")
 
-
-def _chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """The prompt as the chat endpoint would render it, or the raw text for a tokenizer without a template."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                            add_generation_prompt=True)  # fmt: skip
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return list(tokenizer.encode(text))

@@ -1,4 +1,5 @@
-"""`bench throughput-tp`: `bench throughput`'s engine run at several tensor-parallel sizes, side by side.
+"""`bench throughput-tp` (hidden; now `bench throughput --vary tensor_parallel_size=1,2`): the engine at several
+tensor-parallel sizes, side by side.
 
 Every size runs the same requests (random token-id prompts, EOS ignored) in a fresh engine, one after the other;
 the table gives each size's throughput relative to the first size's and, for sizes above 1, the per-step cost of
@@ -16,14 +17,8 @@ from typing import Any
 
 import typer
 
-from engine.benchmarks.throughput import (
-    ThroughputResult,
-    _clean_errors,
-    _engine_logs,
-    make_requests,
-    run_engine,
-    tensor_parallel_line,
-)
+from engine.benchmarks.throughput import clean_errors, engine_logs
+from engine.benchmarks.throughput_run import ThroughputResult, make_requests, run_engine, tensor_parallel_line
 from engine.cli_options import knob_option, with_engine_knobs
 
 
@@ -79,7 +74,7 @@ def throughput_tp(
     from engine.models import ArchConfig
     from engine.tokenizer import get_tokenizer
 
-    with _clean_errors():
+    with clean_errors():
         arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
         for size in sizes:  # every size is checked before the first one runs
             if size > 1:
@@ -89,7 +84,7 @@ def throughput_tp(
     results = []
     for size in sizes:
         typer.echo(f"tensor_parallel_size={size}: {num_prompts} requests of {input_len} + {output_len} tokens")
-        with _clean_errors(), _engine_logs():
+        with clean_errors(), engine_logs():
             result = run_engine(model, requests, {**engine_knobs, "seed": seed, "tensor_parallel_size": size})
         if result.tp_step_ms is not None:
             typer.echo(tensor_parallel_line(result))

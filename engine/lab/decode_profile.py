@@ -2,7 +2,7 @@
 
 Both run in this process on the same prompt token ids (`input_len` of them, then `output_len` greedy tokens, EOS
 ignored), so what is left of a server's TPOT over these figures is its HTTP/streaming path (compare with
-`bench compare-llama-cpp`).
+`bench compare`).
 
 * This engine (`LLMEngine.step`, one request): each decode step's wall time split into the scheduler
   (`schedule` and `update_from_output`), the model forward (`execute_model`), the sampler, the rest of
@@ -128,7 +128,7 @@ def decode_profile(
     """Per-token decode time by part (scheduler, forward, sampler, detokenizer; top operators) against llama.cpp."""
     import torch
 
-    from engine.benchmarks.throughput import _clean_errors
+    from engine.benchmarks.throughput import clean_errors
     from engine.model_files import smollm2_gguf_path
 
     if input_len < 1 or output_len < 3:
@@ -138,7 +138,7 @@ def decode_profile(
     previous_threads = torch.get_num_threads()
     result: dict[str, Any] = {"input_len": input_len, "output_len": output_len, "threads": threads}
     try:
-        with _clean_errors():
+        with clean_errors():
             for quantization in [s.strip() for s in settings.split(",")]:
                 knobs = {"model": model, "quantization": quantization, "cpu_threads": threads}
                 result[f"ours/{quantization}"] = profile_engine(knobs, input_len, output_len)

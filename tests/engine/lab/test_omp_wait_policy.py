@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks import omp_wait_policy
-from engine.benchmarks.omp_wait_policy import ThreadsCell
+from engine.lab import omp_wait_policy
+from engine.lab.omp_wait_policy import ThreadsCell
 
 
 def test_the_grid_runs_each_policy_alone_and_beside_a_client() -> None:

@@ -1,4 +1,4 @@
-"""`bench structured-outputs`: what grammar-constrained decoding costs, measured side by side in one run.
+"""`bench lab structured-outputs`: what grammar-constrained decoding costs, measured side by side in one run.
 
 * compile: a small (4-field) and a large (64-field, nested) JSON schema, compiled cold
   (xgrammar's compile for the model's tokenizer, median of `--repeats`) and cached (the engine's cache lookup);

@@ -1,4 +1,4 @@
-"""`bench lab decode-profile`: one tiny run's JSON has every part of the step per token (times are never asserted)."""
+"""`bench lab decode-profile`: one tiny run's JSON has every part of the step per token (times never asserted)."""
 
 from __future__ import annotations
 

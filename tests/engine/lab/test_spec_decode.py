@@ -1,4 +1,5 @@
-"""`bench spec-decode`: one run per K and concurrency over the same greedy requests, compared with K = 0."""
+"""`bench spec-decode` (hidden alias, old code): one run per K and concurrency over the same greedy requests,
+compared with K = 0."""
 
 from __future__ import annotations
 
@@ -8,22 +9,6 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks.spec_decode import acceptance
-from engine.outputs import SpecDecodingStats
-
-
-def test_acceptance_figures_follow_vllms_definitions() -> None:
-    before = SpecDecodingStats(3)
-    before.observe(3, 1)
-    after = SpecDecodingStats(3, before.num_drafts, before.num_draft_tokens, before.num_accepted_tokens,
-                              list(before.num_accepted_tokens_per_pos))  # fmt: skip
-    after.observe(3, 3)
-    after.observe(2, 1)
-    after.observe(3, 0)
-    rate, length, per_pos = acceptance(before, after)
-    assert rate == 4 / 8 and length == 1 + 4 / 3
-    assert per_pos == [2 / 3, 1 / 3, 1 / 3]
-    assert acceptance(before, None) == (None, None, [])
 
 
 def test_runs_every_k_and_concurrency_side_by_side(tmp_path: Path) -> None:

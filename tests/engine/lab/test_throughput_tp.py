@@ -1,4 +1,5 @@
-"""`bench throughput-tp`: the same requests at each tensor-parallel size, side by side, with TP's per-step cost."""
+"""`bench throughput-tp` (hidden alias, old code): the same requests at each tensor-parallel size, side by side,
+with TP's per-step cost."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks.tensor_parallel import comparison_table, parse_sizes
-from engine.benchmarks.throughput import ThroughputResult
+from engine.benchmarks.throughput_run import ThroughputResult
+from engine.lab.tensor_parallel import comparison_table, parse_sizes
 
 
 def test_sizes_are_comma_separated_positive_ints() -> None:

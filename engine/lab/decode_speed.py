@@ -1,4 +1,6 @@
-"""`bench decode-speed`: batch-1 decode speed of several dtype/quantization settings, side by side in one run.
+"""`bench decode-speed` (hidden; now `bench throughput --vary dtype=... --vary quantization=... --num-prompts 3
+--max-num-seqs 1 --temperature 0`, whose median TPOT is the batch-1 decode time): batch-1 decode speed of several
+dtype/quantization settings, side by side in one run.
 
 Each setting gets its own engine (loaded in turn, in this process) and generates `output_len` tokens (EOS
 ignored) after the same `input_len`-token prompt, `repeats` times after one warm-up. Decode speed is
@@ -77,7 +79,7 @@ def decode_speed(
     """Batch-1 decode output tok/s of each setting, with its ratio to the first one."""
     if input_len < 1 or output_len < 2 or repeats < 1:
         raise typer.BadParameter("--input-len and --repeats must be >= 1, --output-len >= 2")
-    from engine.benchmarks.throughput import _clean_errors
+    from engine.benchmarks.throughput import clean_errors
 
     if threads is not None and threads < 1:
         raise typer.BadParameter("--threads must be >= 1")
@@ -86,7 +88,7 @@ def decode_speed(
     previous_threads = torch.get_num_threads()
     results: list[DecodeSpeed] = []
     try:  # the in-process engine sets this process's torch threads: put them back afterwards
-        with _clean_errors():
+        with clean_errors():
             for dtype, quantization in parse_settings(settings):
                 speed = measure_decode_speed(model, dtype, quantization, input_len, output_len, repeats, threads)
                 ratio = speed / results[0].output_tokens_per_second if results else 1.0

@@ -1,4 +1,5 @@
-"""`bench decode-speed`: settings parsing and one tiny run's JSON (speeds are measured, never asserted)."""
+"""`bench decode-speed` (the hidden alias running its old code): settings parsing and one tiny run's JSON (speeds
+are measured, never asserted)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from cli import app
-from engine.benchmarks.decode_speed import parse_settings
+from engine.lab.decode_speed import parse_settings
 
 
 def test_settings_parse_and_bad_ones_name_the_format() -> None:
