@@ -1,24 +1,57 @@
-"""What a sweep records about its run besides the points: versions, the machine, the client's own health,
-and the reachability and health checks of a target URL (`TargetUnhealthy` when it fails them)."""
+"""What a sweep records about its run besides the points: the run directory's config.json (`run_config`, for
+`bench sweep` and `bench simulate` alike), versions, the machine, the client's own health, and the reachability
+and health checks of a target URL (`TargetUnhealthy` when it fails them)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
+import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun
+from sweep.run.load_config import LoadConfig
 
 
 class TargetUnhealthy(RuntimeError):
     """The served engine died or stopped answering: unreachable, or /health answers with a 5xx."""
+
+
+def run_config(
+    load: LoadConfig,
+    output_dir: Path,
+    salt: str,
+    command: str,
+    target: dict[str, Any],
+    sweep: dict[str, Any],
+    simulated: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The run directory's config.json: its id, the target, the workload (with the prompt salt), the load
+    (`load.sweep_record()` and the caller's own `sweep` fields), the SLO, versions, the machine, `extra` (a
+    measured run's `calibration`) and the command line. A simulated run says so (`"simulated": true`)."""
+    return {
+        "run_id": f"{output_dir.name}-{salt}",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"simulated": True} if simulated else {}),
+        "target": target,
+        "workload": {**asdict(load.workload), "salt": salt},
+        "sweep": {**load.sweep_record(), **sweep},
+        "slo": load.slo,
+        "percentiles": load.percentiles,
+        "versions": versions(),
+        "machine": machine(),
+        **extra,
+        "command": command,
+    }
 
 
 def versions() -> dict[str, str]:

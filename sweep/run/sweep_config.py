@@ -1,4 +1,7 @@
-"""`SweepConfig`: everything one `bench sweep` is asked to do, validated on construction."""
+"""`SweepConfig`: everything one `bench sweep` is asked to do, validated on construction.
+
+The load, workload and SLO fields and their checks are `LoadConfig`'s (sweep/run/load_config.py), shared with
+`bench simulate`; the sweep adds the target, the replay mode and how points are measured."""
 
 from __future__ import annotations
 
@@ -6,19 +9,17 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
-from sweep.point.runner import WorkloadConfig
-from sweep.run import results
+from sweep.run.load_config import LoadConfig
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(LoadConfig):
+    MODES: ClassVar[tuple[str, ...]] = ("concurrency", "rate", "replay")
+
     output_dir: Path
-    mode: str = "concurrency"  # "concurrency" | "rate"
-    values: list[float] = field(default_factory=lambda: [1.0])
     url: str | None = None  # None: launch the built-in engine
     model: str = "smollm2-135m"
     tokenizer: str | None = None  # default: the model
@@ -27,18 +28,8 @@ class SweepConfig:
     temperature: float | None = None
     engine_knobs: dict[str, Any] = field(default_factory=dict)
     launch_template: str | None = None  # an external server's command template (see launcher.py)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    num_prompts: int | None = None
-    duration: float | None = None
-    burstiness: float = 1.0
-    max_concurrency: int | None = None  # rate mode: optional cap on in-flight requests
     num_warmups: int = 0
     reset_prefix_cache: bool = False
-    slo: dict[str, float] | None = None
-    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
-    max_load_under_slo: bool = False
-    attainment: float = 0.9
-    max_load: float = 4096.0
     search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
     resume: bool = False
     client_procs: int = 1
@@ -59,19 +50,8 @@ class SweepConfig:
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.output_dir = Path(self.output_dir)
-        if self.mode not in ("concurrency", "rate", "replay"):
-            raise ValueError(f"mode must be 'concurrency', 'rate' or 'replay', got {self.mode!r}")
-        if self.mode == "replay" and (self.max_load_under_slo or any(not v > 0 for v in self.values)):
-            raise ValueError("--replay takes positive --time-scale values and no --max-load-under-slo")
-        if not self.values:
-            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
-        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
-            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
-        if self.mode == "rate" and any(not v > 0 for v in self.values):
-            raise ValueError(f"request rates must be > 0, got {self.values}")
-        if self.max_load_under_slo and not self.slo:
-            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
         if self.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.repeats > 1 and self.max_load_under_slo:
@@ -108,21 +88,13 @@ class SweepConfig:
             setattr(self, name, value or None)
         if self.client_procs < 1:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
-        if self.num_prompts is None and self.duration is None:
-            self.num_prompts = 200
         if self.cost_per_hour is not None:
             from sweep.run.cost import CostConfig
 
             CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
-        if not self.percentiles or any(not 0 < p <= 100 for p in self.percentiles):
-            raise ValueError(f"percentiles must be in (0, 100], got {self.percentiles}")
 
     def label(self, value: float) -> str:
         if self.ramp_up is not None:
             strategy, start, end = self.ramp_up
             return f"ramp-{strategy}-{start:g}-{end:g}"
-        if self.mode == "replay":
-            from workloads.replay import replay_label
-
-            return replay_label(value)
-        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
+        return super().label(value)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -34,8 +33,7 @@ from sweep.run.run_info import (
     check_reachable,
     check_target_healthy,
     client_fidelity,
-    machine,
-    versions,
+    run_config,
     workload_fidelity,
 )
 from sweep.run.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
@@ -108,51 +106,35 @@ class Sweeper:
 
     def run_config(self, url: str | None) -> dict[str, Any]:
         cfg = self.config
-        return {
-            "run_id": f"{cfg.output_dir.name}-{self.salt}",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "target": {
-                "url": url,
-                "model": cfg.model,
-                "tokenizer": cfg.tokenizer or cfg.model,
-                "backend": "servelab" if cfg.url is None and cfg.launch_template is None else "openai",
-                "engine_knobs": dict(cfg.engine_knobs),
-                "launch_template": cfg.launch_template,
-            },
-            "workload": {**asdict(cfg.workload), "salt": self.salt},
-            "sweep": {
-                "mode": cfg.mode,
-                "values": cfg.values,
-                "num_prompts": cfg.num_prompts,
-                "duration": cfg.duration,
-                "burstiness": cfg.burstiness,
-                "max_concurrency": cfg.max_concurrency,
-                "num_warmups": cfg.num_warmups,
-                "reset_prefix_cache": cfg.reset_prefix_cache,
-                "max_load_under_slo": cfg.max_load_under_slo,
-                "attainment": cfg.attainment,
-                "search_repeats": cfg.search_repeats,
-                "client_procs": cfg.client_procs,
-                "repeats": cfg.repeats,
-                "server_metrics": cfg.server_metrics,
-                "warmup_seconds": cfg.warmup_seconds,
-                "cooldown_seconds": cfg.cooldown_seconds,
-                "ramp_up": cfg.ramp_up,
-                "turns": cfg.turns,
-                "think_time_s": cfg.think_time_s,
-                "rate_curve": cfg.rate_curve,
-                "ignore_eos": cfg.ignore_eos,
-                "temperature": cfg.temperature,
-                "request_timeout_s": cfg.request_timeout_s,
-                "stall_timeout_s": cfg.stall_timeout_s,
-            },
-            "slo": cfg.slo,
-            "percentiles": cfg.percentiles,
-            "versions": versions(),
-            "machine": machine(),
-            "calibration": self.calibration,
-            "command": cfg.command,
+        target = {
+            "url": url,
+            "model": cfg.model,
+            "tokenizer": cfg.tokenizer or cfg.model,
+            "backend": "servelab" if cfg.url is None and cfg.launch_template is None else "openai",
+            "engine_knobs": dict(cfg.engine_knobs),
+            "launch_template": cfg.launch_template,
         }
+        sweep = {
+            "num_warmups": cfg.num_warmups,
+            "reset_prefix_cache": cfg.reset_prefix_cache,
+            "search_repeats": cfg.search_repeats,
+            "client_procs": cfg.client_procs,
+            "repeats": cfg.repeats,
+            "server_metrics": cfg.server_metrics,
+            "warmup_seconds": cfg.warmup_seconds,
+            "cooldown_seconds": cfg.cooldown_seconds,
+            "ramp_up": cfg.ramp_up,
+            "turns": cfg.turns,
+            "think_time_s": cfg.think_time_s,
+            "rate_curve": cfg.rate_curve,
+            "ignore_eos": cfg.ignore_eos,
+            "temperature": cfg.temperature,
+            "request_timeout_s": cfg.request_timeout_s,
+            "stall_timeout_s": cfg.stall_timeout_s,
+        }
+        return run_config(
+            cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, calibration=self.calibration
+        )
 
     def point_spec(self, value: float) -> PointSpec:
         cfg = self.config

@@ -14,7 +14,6 @@ import json
 import math
 import shlex
 import sys
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,9 +21,10 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_name
-from sweep.point.runner import PointSpec, WorkloadConfig, schedule
+from sweep.point.benchmark_metrics import calculate_metrics, percentile_name
+from sweep.point.runner import PointSpec, schedule
 from sweep.run import results
+from sweep.run.load_config import LoadConfig
 from sweep.simulate.point import SimulatedRequest, prompt_token_ids, simulate_point
 
 PROFILE_KIND = "servelab-step-profile"
@@ -68,40 +68,19 @@ def load_profile(path: str | Path) -> Profile:
 
 
 @dataclass
-class SimulateConfig:
+class SimulateConfig(LoadConfig):
+    """`bench simulate`'s run: `LoadConfig`'s load, workload and SLO (concurrency or rate mode), on a profile."""
+
     output_dir: Path
     profile: Profile
-    mode: str = "concurrency"
-    values: list[float] = field(default_factory=lambda: [1.0])
     engine_knobs: dict[str, Any] = field(default_factory=dict)
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    num_prompts: int | None = None
-    duration: float | None = None
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    slo: dict[str, float] | None = None
-    percentiles: list[float] = field(default_factory=lambda: list(DEFAULT_PERCENTILES))
-    max_load_under_slo: bool = False
-    attainment: float = 0.9
-    max_load: float = 4096.0
     resume: bool = False
     cost: Any = None  # sweep.run.cost.CostConfig: points get a simulated cost_per_million_output_tokens
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.output_dir = Path(self.output_dir)
-        if self.mode not in ("concurrency", "rate"):
-            raise ValueError(f"mode must be 'concurrency' or 'rate', got {self.mode!r}")
-        if not self.values:
-            raise ValueError("give at least one load: --concurrency 1,2,4 or --request-rate 1,2,4")
-        if self.mode == "concurrency" and any(v < 1 or v != int(v) for v in self.values):
-            raise ValueError(f"concurrencies must be positive integers, got {self.values}")
-        if self.mode == "rate" and any(not v > 0 for v in self.values):
-            raise ValueError(f"request rates must be > 0, got {self.values}")
-        if self.num_prompts is None and self.duration is None:
-            self.num_prompts = 200
-        if self.max_load_under_slo and not self.slo:
-            raise ValueError("--max-load-under-slo needs an --slo, e.g. --slo ttft=500,tpot=50")
         for name in PROFILE_FIXED_KNOBS:
             given, profiled = self.engine_knobs.get(name), self.profile.knobs.get(name)
             if given is not None and profiled is not None and given != profiled:
@@ -115,9 +94,6 @@ class SimulateConfig:
         """The engine's knobs: the profile's fixed ones, then the user's."""
         fixed = {k: v for k, v in self.profile.knobs.items() if k in PROFILE_FIXED_KNOBS and v is not None}
         return {**fixed, **self.engine_knobs}
-
-    def label(self, value: float) -> str:
-        return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
 
 
 def engine_config(config: SimulateConfig) -> tuple[Any, int]:
@@ -195,44 +171,23 @@ class Simulator:
         self.writer = results.open_run(config.output_dir, self.run_config(), resume=config.resume)
 
     def run_config(self) -> dict[str, Any]:
-        from sweep.run.run_info import machine, versions
+        from sweep.run.run_info import run_config
 
         cfg = self.config
-        return {
-            "run_id": f"{cfg.output_dir.name}-{self.salt}",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "simulated": True,
-            "target": {
-                "url": None,
-                "model": cfg.knobs.get("model"),
-                "tokenizer": cfg.knobs.get("tokenizer") or cfg.knobs.get("model"),
-                "backend": "simulated",
-                "engine_knobs": dict(cfg.engine_knobs),
-                "launch_template": None,
-                "profile": str(cfg.profile.path),
-                "profile_machine": cfg.profile.data.get("machine"),
-                "cost_model": cfg.profile.cost_model.to_dict(),  # serving: step and hand-over terms
-                "num_gpu_blocks": self.num_blocks,
-            },
-            "workload": {**asdict(cfg.workload), "salt": self.salt},
-            "sweep": {
-                "mode": cfg.mode,
-                "values": cfg.values,
-                "num_prompts": cfg.num_prompts,
-                "duration": cfg.duration,
-                "burstiness": cfg.burstiness,
-                "max_concurrency": cfg.max_concurrency,
-                "max_load_under_slo": cfg.max_load_under_slo,
-                "attainment": cfg.attainment,
-                "ignore_eos": True,
-                "temperature": 0.0,
-            },
-            "slo": cfg.slo,
-            "percentiles": cfg.percentiles,
-            "versions": versions(),
-            "machine": machine(),
-            "command": cfg.command,
+        target = {
+            "url": None,
+            "model": cfg.knobs.get("model"),
+            "tokenizer": cfg.knobs.get("tokenizer") or cfg.knobs.get("model"),
+            "backend": "simulated",
+            "engine_knobs": dict(cfg.engine_knobs),
+            "launch_template": None,
+            "profile": str(cfg.profile.path),
+            "profile_machine": cfg.profile.data.get("machine"),
+            "cost_model": cfg.profile.cost_model.to_dict(),  # serving: step and hand-over terms
+            "num_gpu_blocks": self.num_blocks,
         }
+        sweep = {"ignore_eos": True, "temperature": 0.0}
+        return run_config(cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, simulated=True)
 
     def point_spec(self, value: float) -> PointSpec:
         cfg = self.config
