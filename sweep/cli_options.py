@@ -4,7 +4,7 @@
 `SHARED_OPTIONS`. A command whose use of an option differs (tune's `--concurrency` is one fixed load or the
 search's start, soak's is requests in flight) passes its own `default` and `help`; the flag and panel stay the
 shared ones. The fields these options fill are declared once too: `sweep.run.load_config.LoadConfig`, the base
-of `SweepConfig` and `SimulateConfig`.
+of `SweepConfig` and `SimulateConfig`; `with_load_options` adds the options that fill it to a command.
 
 Also the small pieces every one of these commands uses: comma-separated numbers, the error exit, the
 synthetic workloads' default lengths, the run's report, SIGTERM as Ctrl-C.
@@ -12,10 +12,13 @@ synthetic workloads' default lengths, the run's report, SIGTERM as Ctrl-C.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
@@ -76,6 +79,156 @@ def shared_option(name: str, default: Any = _SHARED_DEFAULT, help: str | None = 
     spec = SHARED_OPTIONS[name]
     value = spec.default if default is _SHARED_DEFAULT else default
     return typer.Option(value, *spec.flags, help=help or spec.help, rich_help_panel=spec.panel)
+
+
+# with_load_options: the options that fill a LoadConfig, in --help order, and their types
+LOAD_OPTION_TYPES: dict[str, Any] = {
+    "concurrency": str | None,
+    "request_rate": str | None,
+    "burstiness": float,
+    "max_concurrency": int | None,
+    "num_prompts": int | None,
+    "duration": float | None,
+    "max_load_under_slo": bool,
+    "attainment": float,
+    "max_load": float,
+    "slo": str | None,
+    "percentiles": str,
+    "endpoint": str,
+    "workload": str,
+    "input_len": int | None,
+    "output_len": int | None,
+    "random_range_ratio": float,
+    "fit_policy": str,
+}
+LOAD_PARAMETER = "load"
+Command = TypeVar("Command", bound=Callable[..., Any])
+Config = TypeVar("Config")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The load, workload and SLO flags as given; `config` builds the LoadConfig (or subclass) they describe."""
+
+    concurrency: str | None
+    request_rate: str | None
+    burstiness: float
+    max_concurrency: int | None
+    num_prompts: int | None
+    duration: float | None
+    max_load_under_slo: bool
+    attainment: float
+    max_load: float
+    slo: str | None
+    percentiles: str
+    endpoint: str
+    workload: str
+    input_len: int | None
+    output_len: int | None
+    random_range_ratio: float
+    fit_policy: str
+
+    def config(
+        self,
+        cls: Callable[..., Config],
+        *,
+        mode: str | None = None,
+        values: list[float] | None = None,
+        workload: dict[str, Any] | None = None,
+        **config_fields: Any,
+    ) -> Config:
+        """`cls(...)`, a LoadConfig subclass, from the flags plus `config_fields` (the subclass's own fields).
+
+        The load is `mode` and `values` when given, else exactly one of --concurrency and --request-rate (a
+        usage error otherwise). `workload` adds WorkloadConfig fields the flags do not carry (seed, max_model_len,
+        structured outputs). A bad --slo raises ValueError, as do the config's own checks.
+        """
+        from sweep.point.benchmark_metrics import parse_slo
+        from sweep.point.runner import WorkloadConfig
+
+        if mode is None:
+            if (self.concurrency is None) == (self.request_rate is None):
+                fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
+            mode = "concurrency" if self.concurrency is not None else "rate"
+            text, flag = (self.concurrency, "--concurrency") if mode == "concurrency" else (
+                self.request_rate, "--request-rate")  # fmt: skip
+            values = floats(text, flag)
+        return cls(
+            mode=mode,
+            values=values,
+            workload=WorkloadConfig(
+                workload=self.workload,
+                **synthetic_lengths(self.workload, self.input_len, self.output_len),
+                range_ratio=self.random_range_ratio,
+                fit_policy=self.fit_policy,
+                endpoint=self.endpoint,
+                **(workload or {}),
+            ),
+            num_prompts=self.num_prompts,
+            duration=self.duration,
+            burstiness=self.burstiness,
+            max_concurrency=self.max_concurrency,
+            slo=parse_slo(self.slo),
+            percentiles=floats(self.percentiles, "--percentiles"),
+            max_load_under_slo=self.max_load_under_slo,
+            attainment=self.attainment,
+            max_load=self.max_load,
+            **config_fields,
+        )
+
+
+def with_load_options(
+    exclude: tuple[str, ...] = (), help: dict[str, str] | None = None
+) -> Callable[[Command], Command]:
+    """Add the load, workload and SLO options (`LOAD_OPTION_TYPES`, declared in `SHARED_OPTIONS`) to a command
+    in place of its `load: LoadOptions` parameter, and pass it the flags given as that `LoadOptions`.
+
+    `exclude` names options the command does not offer (they take their shared defaults); `help` replaces an
+    option's help text where the command's meaning differs. As `engine.cli_options.with_engine_knobs` does for
+    engine knobs, so a command that runs a sweep-like load (`bench sweep`, `bench simulate`, or a new one such
+    as a comparison over targets) gets the same flags, defaults and panels, and builds its config with
+    `load.config(ItsConfig, **its_own_fields)`:
+
+        @with_load_options(exclude=("max_load",))
+        def command(load: LoadOptions, output_dir: Path = typer.Option(...)) -> None:
+            config = load.config(SweepConfig, output_dir=output_dir)
+    """
+    unknown = set(exclude) | set(help or {})
+    if unknown - set(LOAD_OPTION_TYPES):
+        raise ValueError(f"not load options: {sorted(unknown - set(LOAD_OPTION_TYPES))}")
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        if LOAD_PARAMETER not in signature.parameters:
+            raise TypeError(f"{command.__name__} needs a {LOAD_PARAMETER} parameter to receive the load options")
+        declared = set(LOAD_OPTION_TYPES) & set(signature.parameters)
+        if declared:
+            raise TypeError(f"{command.__name__} declares load options itself: {sorted(declared)}; use help=")
+        names = [n for n in LOAD_OPTION_TYPES if n not in exclude]
+        generated = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=shared_option(name, help=(help or {}).get(name)),
+                annotation=LOAD_OPTION_TYPES[name],
+            )
+            for name in names
+        ]
+        parameters: list[inspect.Parameter] = []
+        for p in signature.parameters.values():
+            parameters += generated if p.name == LOAD_PARAMETER else [p]
+
+        @functools.wraps(command)
+        def with_load(**kwargs: Any) -> Any:
+            flags = {name: SHARED_OPTIONS[name].default for name in exclude}
+            flags.update({name: kwargs.pop(name) for name in names})
+            return command(**kwargs, **{LOAD_PARAMETER: LoadOptions(**flags)})
+
+        with_load.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_load.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_load  # type: ignore[return-value]
+
+    return decorate
 
 
 def floats(text: str | None, flag: str) -> list[float]:

@@ -11,21 +11,22 @@ from engine.cli_options import knob_option, with_engine_knobs
 from sweep.cli_options import (
     LOAD_PANEL,
     WORKLOAD_PANEL,
+    LoadOptions,
     fail,
     floats,
     interrupt_on_sigterm,
     render_run_report,
     shared_option,
-    synthetic_lengths,
+    with_load_options,
 )
 
 
 @with_engine_knobs
+@with_load_options(exclude=("max_load",))
 def sweep(
     ctx: typer.Context,
     engine_knobs: dict[str, Any],
-    concurrency: str | None = shared_option("concurrency"),
-    request_rate: str | None = shared_option("request_rate"),
+    load: LoadOptions,
     replay: bool = typer.Option(
         False, "--replay", help="Send each request at its trace timestamp (a workload with timestamps).",
         rich_help_panel=LOAD_PANEL,
@@ -47,10 +48,6 @@ def sweep(
         "stretched over the point: relative window rates (1,4,2) or a shipped mix's curve (servegen-deepseek-r1).",
         rich_help_panel=LOAD_PANEL,
     ),
-    burstiness: float = shared_option("burstiness"),
-    max_concurrency: int | None = shared_option("max_concurrency"),
-    num_prompts: int | None = shared_option("num_prompts"),
-    duration: float | None = shared_option("duration"),
     num_warmups: int = shared_option("num_warmups"),
     turns: int = typer.Option(
         1, help="Multi-turn sessions (--endpoint chat): turns per conversation, each carrying the history; "
@@ -70,14 +67,10 @@ def sweep(
     reset_prefix_cache: bool = typer.Option(
         False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
     ),
-    max_load_under_slo: bool = shared_option("max_load_under_slo"),
-    attainment: float = shared_option("attainment"),
     search_repeats: int = typer.Option(
         0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
         "load with an interval.", rich_help_panel=LOAD_PANEL,
     ),
-    slo: str | None = shared_option("slo"),
-    percentiles: str = shared_option("percentiles"),
     url: str | None = typer.Option(
         None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
     ),
@@ -96,17 +89,12 @@ def sweep(
         600.0, help="Seconds a request may wait for its next byte; a stream silent longer fails with reason "
         "Stalled (0: no limit)."
     ),
-    endpoint: str = shared_option("endpoint"),
-    workload: str = shared_option("workload"),
     conversations: Path | None = typer.Option(
         None,
         help="Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
         "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
         rich_help_panel=WORKLOAD_PANEL,
     ),
-    input_len: int | None = shared_option("input_len"),
-    output_len: int | None = shared_option("output_len"),
-    random_range_ratio: float = shared_option("random_range_ratio"),
     seed: int | None = knob_option(
         "seed", help="Workload seed (default 0); when given, the built-in engine's seed too."
     ),
@@ -122,7 +110,6 @@ def sweep(
         "default: response_format for JSON, structured_outputs for regex and choice.",
         rich_help_panel=WORKLOAD_PANEL,
     ),
-    fit_policy: str = shared_option("fit_policy"),
     max_model_len: int | None = knob_option(
         "max_model_len", help="Fit the workload to this context (and the built-in engine's max_model_len)."
     ),
@@ -151,13 +138,12 @@ def sweep(
     gpus_per_instance: int = shared_option("gpus_per_instance"),
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
-    from sweep.point.benchmark_metrics import parse_slo
+    from sweep.run.sweeper import SweepConfig, run_sweep
     from workloads.rate_curve import parse_rate_curve
 
     interrupt_on_sigterm()
-    from sweep.point.runner import WorkloadConfig
-    from sweep.run.sweeper import SweepConfig, run_sweep
 
+    concurrency, request_rate = load.concurrency, load.request_rate
     ramp = None
     if ramp_up_strategy is not None:
         if request_rate is not None or concurrency is not None or replay:
@@ -178,37 +164,25 @@ def sweep(
     shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
     knobs = {**engine_knobs, **{k: v for k, v in shared.items() if v is not None}}
     try:
-        config = SweepConfig(
-            output_dir=output_dir,
+        config = load.config(
+            SweepConfig,
             mode=mode,
             values=floats(*loads),
+            workload={
+                "max_model_len": max_model_len,
+                "seed": seed if seed is not None else 0,
+                "structured_output": structured_output,
+                "structured_output_shape": structured_output_shape,
+                "conversations": str(conversations) if conversations is not None else None,
+            },
+            output_dir=output_dir,
             url=url,
             model=model,
             tokenizer=tokenizer,
             api_key=api_key,
             engine_knobs=knobs if url is None else {},
-            workload=WorkloadConfig(
-                workload=workload,
-                **synthetic_lengths(workload, input_len, output_len),
-                range_ratio=random_range_ratio,
-                max_model_len=max_model_len,
-                fit_policy=fit_policy,
-                seed=seed if seed is not None else 0,
-                endpoint=endpoint,
-                structured_output=structured_output,
-                structured_output_shape=structured_output_shape,
-                conversations=str(conversations) if conversations is not None else None,
-            ),
-            num_prompts=num_prompts,
-            duration=duration,
-            burstiness=burstiness,
-            max_concurrency=max_concurrency,
             num_warmups=num_warmups,
             reset_prefix_cache=reset_prefix_cache,
-            slo=parse_slo(slo),
-            percentiles=floats(percentiles, "--percentiles"),
-            max_load_under_slo=max_load_under_slo,
-            attainment=attainment,
             search_repeats=search_repeats,
             resume=resume,
             client_procs=client_procs,

@@ -11,32 +11,21 @@ from typing import Any
 import typer
 
 from engine.cli_options import knob_option, renamed_command, with_engine_knobs
-from sweep.cli_options import fail, floats, render_run_report, shared_option, synthetic_lengths
+from sweep.cli_options import LoadOptions, fail, render_run_report, shared_option, with_load_options
 
 
 @with_engine_knobs
+@with_load_options(
+    exclude=("endpoint",),
+    help={"duration": "Simulated seconds of sending per point.", "slo": "SLO, any subset: ttft=MS,tpot=MS,e2el=MS."},
+)
 def simulate(
     ctx: typer.Context,
     engine_knobs: dict[str, Any],
+    load: LoadOptions,
     profile: Path = typer.Option(..., help="A `bench model profile` JSON: the step-time cost model."),
-    concurrency: str | None = shared_option("concurrency"),
-    request_rate: str | None = shared_option("request_rate"),
-    burstiness: float = shared_option("burstiness"),
-    max_concurrency: int | None = shared_option("max_concurrency"),
-    num_prompts: int | None = shared_option("num_prompts"),
-    duration: float | None = shared_option("duration", help="Simulated seconds of sending per point."),
-    max_load_under_slo: bool = shared_option("max_load_under_slo"),
-    attainment: float = shared_option("attainment"),
-    max_load: float = shared_option("max_load"),
-    slo: str | None = shared_option("slo", help="SLO, any subset: ttft=MS,tpot=MS,e2el=MS."),
-    percentiles: str = shared_option("percentiles"),
     model: str | None = knob_option("model", help="Model (default: the profile's; another one is an error)."),
-    workload: str = shared_option("workload"),
-    input_len: int | None = shared_option("input_len"),
-    output_len: int | None = shared_option("output_len"),
-    random_range_ratio: float = shared_option("random_range_ratio"),
     seed: int | None = knob_option("seed", help="Workload seed (default 0)."),
-    fit_policy: str = shared_option("fit_policy"),
     max_model_len: int | None = knob_option(
         "max_model_len", help="Fit the workload to this context (and the simulated engine's max_model_len)."
     ),
@@ -52,42 +41,18 @@ def simulate(
 ) -> None:
     """Predict a sweep without running the model: the engine's scheduler and KV manager driven by a profiled
     step-time cost model, written as a `bench sweep` run directory marked simulated."""
-    from sweep.point.benchmark_metrics import parse_slo
-    from sweep.point.runner import WorkloadConfig
     from sweep.run.cost import CostConfig
     from sweep.simulate.simulation import SimulateConfig, load_profile, run_simulation
 
-    if (concurrency is None) == (request_rate is None):
-        fail("give exactly one of --concurrency 1,2,4 or --request-rate 1,2,4")
-    mode = "concurrency" if concurrency is not None else "rate"
     own = {"model": model, "seed": seed, "max_model_len": max_model_len}
     knobs = {**engine_knobs, **{k: v for k, v in own.items() if v is not None}}
     try:
-        config = SimulateConfig(
+        config = load.config(
+            SimulateConfig,
+            workload={"max_model_len": max_model_len, "seed": seed if seed is not None else 0},
             output_dir=output_dir,
             profile=load_profile(profile),
-            mode=mode,
-            values=floats(
-                concurrency if mode == "concurrency" else request_rate, f"--{mode.replace('rate', 'request-rate')}"
-            ),
             engine_knobs=knobs,
-            workload=WorkloadConfig(
-                workload=workload,
-                **synthetic_lengths(workload, input_len, output_len),
-                range_ratio=random_range_ratio,
-                max_model_len=max_model_len,
-                fit_policy=fit_policy,
-                seed=seed if seed is not None else 0,
-            ),
-            num_prompts=num_prompts,
-            duration=duration,
-            burstiness=burstiness,
-            max_concurrency=max_concurrency,
-            slo=parse_slo(slo),
-            percentiles=floats(percentiles, "--percentiles"),
-            max_load_under_slo=max_load_under_slo,
-            attainment=attainment,
-            max_load=max_load,
             resume=resume,
             cost=None if cost_per_hour is None else CostConfig(cost_per_hour, gpus_per_instance),
         )
