@@ -23,7 +23,7 @@ import aiohttp
 
 from sweep.point.client import ClientConfig, PromptRequest, make_session, send_request
 from sweep.point.records import RequestRecord
-from sweep.point.runner import PointSpec, dispatch, preconnect, reset_prefix_cache
+from sweep.point.runner import PointSpec, dispatch, preconnect, prepare_point
 from sweep.point.server_metrics import ServerMetricsSampler
 
 READY_TIMEOUT_S = 120.0
@@ -192,12 +192,5 @@ def run_point_sharded(
 async def _prepare(
     client: ClientConfig, spec: PointSpec, warmups: list[PromptRequest], reset_cache: bool
 ) -> dict[str, Any]:
-    extras: dict[str, Any] = {}
     async with make_session() as session:
-        if reset_cache:
-            extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
-        if warmups:
-            cap = min(spec.concurrency or len(warmups), len(warmups))
-            warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), cap, None)
-            extras["warmup_failed"] = sum(not r.success for r in warm)
-    return extras
+        return await prepare_point(session, client, spec, warmups, reset_cache)

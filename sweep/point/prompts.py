@@ -30,6 +30,32 @@ def prompt_requests(
     ]  # fmt: skip
 
 
+def is_trace_file(workload: WorkloadConfig) -> bool:
+    """Whether the workload is a trace file (not a shipped mix): only then does loading it need a tokenizer."""
+    import workloads
+
+    return workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
+
+
+def workload_specs(workload: WorkloadConfig, n: int, seed: int, tokenizer: Any = None) -> tuple[list[Any], Any]:
+    """(specs, fit report) of the workload's first `n` requests, fitted to its max_model_len (`workloads.load`);
+    a trace file needs the `tokenizer`."""
+    import workloads
+
+    specs = workloads.load(
+        workload.workload,
+        num_requests=n,
+        seed=seed,
+        input_len=workload.input_len,
+        output_len=workload.output_len,
+        range_ratio=workload.range_ratio,
+        max_model_len=workload.max_model_len,
+        fit_policy=workload.fit_policy,
+        **({"tokenizer": tokenizer} if tokenizer is not None else {}),
+    )
+    return specs, workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+
+
 def build_prompts(
     workload: WorkloadConfig, tokenizer: Any, n: int, salt: str, seed_offset: int = 0
 ) -> tuple[list[Any], list[PromptRequest], Any]:
@@ -44,19 +70,7 @@ def build_prompts(
             workload.workload, workload.endpoint, workload.output_len, tokenizer, n, seed, salt
         )
         return specs, prompt_requests(texts), None
-    is_file = workload.workload not in workloads.shipped_names() and Path(workload.workload).expanduser().is_file()
-    specs = workloads.load(
-        workload.workload,
-        num_requests=n,
-        seed=seed,
-        input_len=workload.input_len,
-        output_len=workload.output_len,
-        range_ratio=workload.range_ratio,
-        max_model_len=workload.max_model_len,
-        fit_policy=workload.fit_policy,
-        **({"tokenizer": tokenizer} if is_file else {}),
-    )
-    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+    specs, fit_report = workload_specs(workload, n, seed, tokenizer if is_trace_file(workload) else None)
     synthesized = workloads.synthesize(specs, tokenizer, endpoint=workload.endpoint, seed=seed, salt=salt)
     return specs, prompt_requests(synthesized, workload, seed), fit_report
 

@@ -247,6 +247,22 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfi
         return False
 
 
+async def prepare_point(
+    session: aiohttp.ClientSession, client: ClientConfig, spec: PointSpec, warmups: list[PromptRequest],
+    reset_cache: bool,
+) -> dict[str, Any]:
+    """Before the measured requests: reset the prefix cache (`prefix_cache_reset`: whether the server did) and
+    send the warm-ups at the point's concurrency (`warmup_failed`: how many failed)."""
+    extras: dict[str, Any] = {}
+    if reset_cache:
+        extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
+    if warmups:
+        cap = min(spec.concurrency or len(warmups), len(warmups))
+        warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), cap, None)
+        extras["warmup_failed"] = sum(not r.success for r in warm)
+    return extras
+
+
 async def _run_point_async(
     client: ClientConfig,
     spec: PointSpec,
@@ -262,12 +278,7 @@ async def _run_point_async(
     extras: dict[str, Any] = {}
     async with make_session() as session:
         await preconnect(session, client, min(spec.concurrency or len(prompts), len(prompts)))
-        if reset_cache:
-            extras["prefix_cache_reset"] = await reset_prefix_cache(session, client)
-        if warmups:
-            warm_cap = min(spec.concurrency or len(warmups), len(warmups))
-            warm = await dispatch(session, client, warmups, [0.0] * len(warmups), time.perf_counter(), warm_cap, None)
-            extras["warmup_failed"] = sum(not r.success for r in warm)
+        extras.update(await prepare_point(session, client, spec, warmups, reset_cache))
         if sampler is not None:
             sampler.begin()
         t0 = time.perf_counter() + START_DELAY_S

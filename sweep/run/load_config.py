@@ -9,11 +9,12 @@ are keyword-only, so a subclass's own fields keep their positions (`SweepConfig(
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from sweep.point.benchmark_metrics import DEFAULT_PERCENTILES
-from sweep.point.runner import WorkloadConfig
+from sweep.point.runner import PointSpec, WorkloadConfig
 from sweep.run import results
 
 DEFAULT_NUM_PROMPTS = 200  # requests per point when neither num_prompts nor duration is given
@@ -66,6 +67,19 @@ class LoadConfig:
 
             return replay_label(value)
         return results.concurrency_label(int(value)) if self.mode == "concurrency" else results.rate_label(value)
+
+    def point_spec(self, value: float, **spec_fields: Any) -> PointSpec:
+        """The point of one concurrency or request rate (rates to the label's 0.01 req/s), plus `spec_fields`."""
+        return PointSpec(
+            label=self.label(value),
+            mode=self.mode,
+            concurrency=int(value) if self.mode == "concurrency" else self.max_concurrency,
+            rate=round(value, 2) if self.mode == "rate" else math.inf,
+            burstiness=self.burstiness,
+            num_prompts=self.num_prompts,
+            duration=self.duration,
+            **spec_fields,
+        )
 
     def load_fields(self) -> dict[str, Any]:
         """This config's LoadConfig fields as keyword arguments (to build another LoadConfig subclass from it)."""

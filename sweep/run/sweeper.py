@@ -7,7 +7,6 @@ walks the configured loads or runs the `--max-load-under-slo` search. The tuner 
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -142,25 +141,18 @@ class Sweeper:
             value = round(value, 2)  # the label's precision: a label always names exactly one rate
             if value <= 0:
                 raise ValueError("request rates below 0.01 req/s are not supported")
-        concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
         if cfg.mode == "replay":
             return PointSpec(
                 label=cfg.label(value),
                 mode="replay",
-                concurrency=concurrency,
+                concurrency=cfg.max_concurrency,
                 num_prompts=cfg.num_prompts,
                 duration=cfg.duration,
                 num_warmups=cfg.num_warmups,
                 time_scale=value,
             )
-        return PointSpec(
-            label=cfg.label(value),
-            mode=cfg.mode,
-            concurrency=concurrency,
-            rate=value if cfg.mode == "rate" else math.inf,
-            burstiness=cfg.burstiness,
-            num_prompts=cfg.num_prompts,
-            duration=cfg.duration,
+        return cfg.point_spec(
+            value,
             num_warmups=cfg.num_warmups,
             ramp=cfg.ramp_up,
             turns=cfg.turns,

@@ -11,7 +11,6 @@ as the model runner caps it at max_num_seqs sequences of max_model_len.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import sys
 import uuid
@@ -131,27 +130,14 @@ def engine_config(config: SimulateConfig) -> tuple[Any, int]:
 
 def build_requests(config: SimulateConfig, n: int, salt: str) -> tuple[list[SimulatedRequest], Any]:
     """The point's requests from the workload (fitted to max_model_len as `bench sweep` fits them)."""
-    import workloads
+    from sweep.point.prompts import is_trace_file, workload_specs
 
-    wl = config.workload
-    is_file = wl.workload not in workloads.shipped_names() and Path(wl.workload).expanduser().is_file()
-    extra: dict[str, Any] = {}
-    if is_file:
+    tokenizer = None
+    if is_trace_file(config.workload):
         from engine.tokenizer import get_tokenizer
 
-        extra["tokenizer"] = get_tokenizer(config.knobs.get("tokenizer") or config.knobs["model"])
-    specs = workloads.load(
-        wl.workload,
-        num_requests=n,
-        seed=wl.seed,
-        input_len=wl.input_len,
-        output_len=wl.output_len,
-        range_ratio=wl.range_ratio,
-        max_model_len=wl.max_model_len,
-        fit_policy=wl.fit_policy,
-        **extra,
-    )
-    fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
+        tokenizer = get_tokenizer(config.knobs.get("tokenizer") or config.knobs["model"])
+    specs, fit_report = workload_specs(config.workload, n, config.workload.seed, tokenizer)
     requests = [SimulatedRequest(i, prompt_token_ids(s, i, salt), s.output_len) for i, s in enumerate(specs)]
     return requests, fit_report
 
@@ -190,17 +176,7 @@ class Simulator:
         return run_config(cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, simulated=True)
 
     def point_spec(self, value: float) -> PointSpec:
-        cfg = self.config
-        concurrency = int(value) if cfg.mode == "concurrency" else cfg.max_concurrency
-        return PointSpec(
-            label=cfg.label(value),
-            mode=cfg.mode,
-            concurrency=concurrency,
-            rate=round(value, 2) if cfg.mode == "rate" else math.inf,
-            burstiness=cfg.burstiness,
-            num_prompts=cfg.num_prompts,
-            duration=cfg.duration,
-        )
+        return self.config.point_spec(value)
 
     def measure(self, value: float) -> dict[str, Any]:
         """Simulate one point (or reload it on resume) and return its point dict."""
