@@ -18,6 +18,7 @@ import socket
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,9 @@ from sweep.tune.space import SearchSpace, known_constraint_violation
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+# The storage each study from `open_study` was opened on: a dead worker's trials are failed through its public API
+# (Optuna keeps a study's own storage private).
+_STORAGES: weakref.WeakKeyDictionary[optuna.Study, RDBStorage] = weakref.WeakKeyDictionary()
 
 
 class TrialBackend(Protocol):
@@ -112,6 +116,7 @@ def open_study(url: str, study_name: str, spec: ObjectiveSpec, seed: int, info: 
     if [d.name.lower() for d in study.directions] != spec.directions:
         raise ValueError(f"study {study_name!r} exists with directions {study.directions}; this run needs "
                          f"{spec.directions} ({spec.kind}); pick another --study-name")
+    _STORAGES[study] = storage
     if not study.metric_names:
         study.set_metric_names(spec.metric_names)
     for key, value in info.items():
@@ -140,7 +145,12 @@ def worker_identity() -> dict[str, Any]:
 
 
 def recover_dead_local_trials(study: optuna.Study) -> list[int]:
-    """Fail RUNNING trials whose worker process on this machine is gone, and re-queue their parameters."""
+    """Fail RUNNING trials whose worker process on this machine is gone, and re-queue their parameters (studies
+    from `open_study`; on any other, Optuna's heartbeat alone fails them)."""
+    storage = _STORAGES.get(study)
+    if storage is None:
+        return []
+    study_id = storage.get_study_id_from_name(study.study_name)
     here = socket.gethostname()
     recovered = []
     retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
@@ -152,11 +162,12 @@ def recover_dead_local_trials(study: optuna.Study) -> list[int]:
             continue  # still running
         if run_dir := trial.user_attrs.get("run_dir"):
             reap_orphan_engine(Path(run_dir))
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            study._storage.set_trial_user_attr(trial._trial_id, "error", f"worker {worker['pid']} died mid-trial")
-            if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            storage.set_trial_user_attr(trial_id, "error", f"worker {worker['pid']} died mid-trial")
+            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                 recovered.append(trial.number)
-                retry(study, study._storage.get_trial(trial._trial_id))
+                retry(study, storage.get_trial(trial_id))
     return recovered
 
 
