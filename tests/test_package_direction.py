@@ -145,3 +145,54 @@ def test_the_module_map_lists_every_module_and_only_existing_ones() -> None:
     }
     assert sorted(modules - listed) == [], "modules missing from docs/ARCHITECTURE.md's module map"
     assert sorted(listed - modules) == [], "the module map lists modules that do not exist"
+
+
+# A module's `_names` are its own: no library module imports one from another project module
+# (`from engine.x import _y`) or reaches one through an imported project module (`x._y`, `x.Thing._y`).
+PROJECT_PACKAGES = ("engine", "sweep", "reports", "workloads")
+
+
+def private_names_used(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    project: dict[str, str] = {}  # local name -> the project module or object it is bound to
+    found: list[str] = []
+
+    def is_private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] not in PROJECT_PACKAGES:
+                continue
+            for alias in node.names:
+                if is_private(alias.name):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+                project[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT_PACKAGES:
+                    project[alias.asname or alias.name.split(".")[0]] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in project:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_library_module_uses_another_modules_private_names() -> None:
+    violations = [
+        f"{path.relative_to(ROOT).as_posix()} {use}"
+        for package in PROJECT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for use in private_names_used(path)
+    ]
+    assert not violations, "private names used across modules:\n" + "\n".join(violations)
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from engine.config import _hidden\nimport sweep.run.results as r\nr._dumps(1)\n")
+    assert [use.split(":")[0] for use in private_names_used(source)] == ["line 1", "line 3"]
