@@ -18,7 +18,8 @@ def test_each_kind_parses() -> None:
     )
     assert parse_target("old=ref:HEAD~1") == Target("old", "ref", "HEAD~1")
     assert parse_target("old=ref:main:enable_prefix_caching=false").knobs == {"enable_prefix_caching": False}
-    assert parse_target("v=cmd:vllm serve {model} --port {port}") == Target("v", "cmd", "vllm serve {model} --port {port}")
+    vllm = "vllm serve {model} --port {port}"
+    assert parse_target(f"v=cmd:{vllm}") == Target("v", "cmd", vllm)
     assert parse_target("u=url:http://127.0.0.1:8000/v1") == Target("u", "url", "http://127.0.0.1:8000")
     assert parse_target("l=llama.cpp") == Target("l", "llama.cpp")
 
