@@ -126,7 +126,7 @@ def compare(
     rounds: int = typer.Option(3, help="Rounds: each measures every target on every load (docs/GATE.md: why 3)."),
     one_at_a_time: bool | None = typer.Option(
         None, "--one-at-a-time/--together", help="Start and stop each target per round, or keep every server up "
-        "and interleave point by point [default: one at a time without CUDA, together with it]."
+        "and interleave point by point (default: one at a time without CUDA, together with it)."
     ),
     calibration: bool = typer.Option(True, "--calibration/--no-calibration",
                                      help="Record a machine-speed calibration in each run's config.json."),

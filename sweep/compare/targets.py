@@ -35,6 +35,7 @@ KINDS = ("engine", "ref", "cmd", "url", "llama.cpp")
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_HEALTH = "/v1/models"
 LLAMA_CPP_THREADS = 2  # its default --n_threads without a --cpu-threads knob
+SHARED_KNOBS = ("model", "tokenizer")  # the workload's: one for every target
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a target's name is its run directory's name
 
 
@@ -95,6 +96,9 @@ def parse_knobs(text: str, target: str) -> dict[str, Any]:
             raise TargetError(f"target {target}: {name!r} is not an engine knob; the knobs are {', '.join(specs)}")
         if name in knobs:
             raise TargetError(f"target {target}: knob {name} is given twice")
+        if name in SHARED_KNOBS:
+            raise TargetError(f"target {target}: every target serves the same --{name.replace('_', '-')}; "
+                              "set it once for all")  # fmt: skip
         knobs[name] = knob_value(specs[name], value.strip(), target)
     return knobs
 

@@ -22,6 +22,16 @@ LOAD = ["--model", "tiny-random", "--concurrency", "1,2", "--num-prompts", "12",
 GATE = ["--metric", "tpot_p50,failure_rate", "--noise-floor", "2%"]
 
 
+def test_the_top_level_lists_compare_and_hides_the_old_names() -> None:
+    import typer.main
+
+    listed = CliRunner().invoke(app, ["--help"]).output
+    assert "│ compare " in listed and "│ ab " not in listed and "│ compare-llama-cpp " not in listed
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    assert len([c for c in commands.values() if not c.hidden]) <= 13
+    assert {"ab", "compare-llama-cpp"} <= set(commands)
+
+
 @pytest.mark.parametrize(
     ("targets", "message"),
     [

@@ -34,6 +34,7 @@ def test_each_kind_parses() -> None:
         ("a=engine:no_such_knob=1", "not an engine knob"),
         ("a=engine:max_num_seqs=eight", "takes a int"),
         ("a=engine:max_num_seqs=1,max_num_seqs=2", "given twice"),
+        ("a=engine:model=tiny-random", "same --model"),
         ("a=ref:", "needs a value"),
         ("a=cmd:", "needs a value"),
         ("a=url:localhost:8000", "http://HOST:PORT"),
