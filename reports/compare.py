@@ -108,25 +108,30 @@ def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
+HEADER = ("target", "{load}", "done", "failed", "TPOT p50 ms", "vs base", "TTFT p50 ms", "vs base", "E2EL p50 ms",
+          "vs base", "output tok/s", "vs base", "mean out tokens")  # fmt: skip
+EXPLANATION = ("TPOT, TTFT, E2EL: the target's median / the baseline's (< 1.00x is faster); output tok/s: the "
+               "target's / the baseline's (> 1.00x is more).")  # fmt: skip
+
+
+def _cells(r: CompareRow) -> list[str]:
+    q = r.ratios
+    return [r.target, f"{r.load:g}", str(r.completed), str(r.failed), f"{r.median_tpot_ms:.2f}",
+            _x(q["median_tpot_ms"]), f"{r.median_ttft_ms:.1f}", _x(q["median_ttft_ms"]), f"{r.median_e2el_ms:.1f}",
+            _x(q["median_e2el_ms"]), f"{r.output_throughput:.1f}", _x(q["output_throughput"]),
+            f"{r.mean_output_tokens:.0f}"]  # fmt: skip
+
+
 def to_markdown(rows: list[CompareRow], baseline: str, load_name: str) -> str:
     lines = [
         f"### bench compare: ratios to `{baseline}`",
         "",
-        "TPOT, TTFT, E2EL: the target's median / the baseline's (< 1.00x is faster); output tok/s: the target's / "
-        "the baseline's (> 1.00x is more).",
+        EXPLANATION,
         "",
-        f"| target | {load_name} | done | failed | TPOT p50 ms | vs base | TTFT p50 ms | vs base | E2EL p50 ms | "
-        "vs base | output tok/s | vs base | mean out tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(HEADER).format(load=load_name) + " |",
+        "|---|" + "---:|" * (len(HEADER) - 1),
+        *("| " + " | ".join(_cells(r)) + " |" for r in rows),
     ]
-    for r in rows:
-        q = r.ratios
-        lines.append(
-            f"| {r.target} | {r.load:g} | {r.completed} | {r.failed} | {r.median_tpot_ms:.2f} | "
-            f"{_x(q['median_tpot_ms'])} | {r.median_ttft_ms:.1f} | {_x(q['median_ttft_ms'])} | "
-            f"{r.median_e2el_ms:.1f} | {_x(q['median_e2el_ms'])} | {r.output_throughput:.1f} | "
-            f"{_x(q['output_throughput'])} | {r.mean_output_tokens:.0f} |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -150,23 +155,19 @@ def plot(runs: list[RunData], path: Path) -> Path:
     return save(fig, path)
 
 
-def _html(markdown_table: str, rows: list[CompareRow], image: Path, verdicts: list[GateVerdict]) -> str:
+def _html(rows: list[CompareRow], baseline: str, load_name: str, image: Path, verdicts: list[GateVerdict]) -> str:
     data = base64.b64encode(image.read_bytes()).decode("ascii")
-    header = ["target", "load", "done", "failed", "TPOT p50 ms", "vs base", "TTFT p50 ms", "vs base",
-              "E2EL p50 ms", "vs base", "output tok/s", "vs base", "mean out tokens"]  # fmt: skip
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell.strip())}</td>" for cell in line.strip("|").split("|")) + "</tr>"
-        for line in markdown_table.splitlines()[7:]
-    )
+    head = "".join(f"<th>{html.escape(h.format(load=load_name))}</th>" for h in HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows)
     gates = "".join(
         f"<h2>gate: {html.escape(v.target)}: {'PASS' if v.passed else 'FAIL'}</h2><pre>{html.escape(v.table)}</pre>"
         for v in verdicts
     )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>bench compare</title></head><body>"
-        f"<h1>bench compare</h1><p>{html.escape(markdown_table.splitlines()[2])}</p>"
+        f"<h1>bench compare: ratios to {html.escape(baseline)}</h1><p>{html.escape(EXPLANATION)}</p>"
         f"<img alt='TPOT and throughput vs load' src='data:image/png;base64,{data}'>"
-        f"<table border='1'><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>{body}</table>{gates}</body></html>"
+        f"<table border='1'><tr>{head}</tr>{body}</table>{gates}</body></html>"
     )
 
 
@@ -192,7 +193,7 @@ def write_compare(runs: dict[str, Path], out_dir: Path, verdicts: list[GateVerdi
     }, indent=2) + "\n")  # fmt: skip
     image = plot(data, out_dir / "compare.png")
     path = out_dir / "compare.html"
-    path.write_text(_html(table, rows, image, verdicts))
+    path.write_text(_html(rows, baseline, load_name, image, verdicts))
     return path
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 
 from engine.cli_options import knob_option, with_engine_knobs
 from sweep.cli_options import fail, floats, interrupt_on_sigterm, shared_option, synthetic_lengths
+from sweep.compare.targets import Target, TargetError, check_targets, parse_target
+
+if TYPE_CHECKING:  # the sweep config module loads the HTTP client: only when a command runs
+    from sweep.run.sweep_config import SweepConfig
 
 GATE_PANEL = "Gate"
 EXIT_PASS, EXIT_FAIL = 0, 1
@@ -46,8 +50,8 @@ def on_cpu_host() -> bool:
 
 def execute(
     judge: Judge | None,
-    sweep_config: Any,
-    targets: list[Any],
+    sweep_config: SweepConfig,
+    targets: list[Target],
     together: bool,
     gate: bool,
     gate_options: dict[str, Any],
@@ -84,9 +88,7 @@ def execute(
         raise typer.Exit(EXIT_PASS if all(v.passed for v in verdicts) else EXIT_FAIL)
 
 
-def parse_targets(specs: list[str]) -> list[Any]:
-    from sweep.compare.targets import TargetError, check_targets, parse_target
-
+def parse_targets(specs: list[str]) -> list[Target]:
     try:
         targets = [parse_target(spec) for spec in specs]
         check_targets(targets)
@@ -182,9 +184,7 @@ def compare(
     execute(ctx.obj, config, targets, together, gate, gate_options, junit_xml, markdown)
 
 
-def _side(name: str, ref: str | None, command: str | None, args: str) -> Any:
-    from sweep.compare.targets import Target
-
+def _side(name: str, ref: str | None, command: str | None, args: str) -> Target:
     if (ref is None) == (command is None):
         fail(f"give the {name} exactly one of --{name}-ref or --{name}-command")
     extra = tuple(shlex.split(args))

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from sweep.compare import commands, targets
+from sweep.compare import commands
 
 MOCK = f"{shlex.quote(sys.executable)} -m sweep.mock.server --port {{port}} --ttft-ms 5 --itl-ms 4"
 LOAD = ["--model", "tiny-random", "--concurrency", "1,2", "--num-prompts", "12", "--input-len", "16",
@@ -102,7 +102,7 @@ def test_bench_compare_llama_cpp_translates_to_targets(monkeypatch: pytest.Monke
     def execute(judge: Any, config: Any, targets: list[Any], together: bool, gate: bool, *args: Any) -> None:
         seen.update(config=config, targets=targets, together=together, gate=gate)
 
-    monkeypatch.setattr(targets, "check_targets", lambda listed: None)  # llama.cpp need not be installed here
+    monkeypatch.setattr(commands, "check_targets", lambda listed: None)  # llama.cpp need not be installed here
     monkeypatch.setattr(commands, "execute", execute)
     result = CliRunner().invoke(app, ["compare-llama-cpp", "--settings", "none,int4", "--concurrency", "1,16",
                                       "--threads", "2", "--output-dir", str(tmp_path)])  # fmt: skip
