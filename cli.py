@@ -11,7 +11,9 @@ import typer
 
 import engine.commands
 import reports.commands
+import reports.compare
 import sweep.commands
+import sweep.compare.commands
 import sweep.simulate.commands
 import sweep.tune.commands
 import workloads
@@ -34,7 +36,7 @@ lab_app = typer.Typer(
 )
 
 # The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
-# get the report renderer and the workload loader from here.
+# get the report renderer, the compare report and gate, and the workload loader from here.
 groups = {"model": model_app, "check": check_app, "lab": lab_app}
 engine.commands.register(app, groups, load_workload=workloads.load, load_texts=workloads.load_texts)
 workloads.commands.register(app)
@@ -42,6 +44,7 @@ sweep.commands.register(app, groups, render_report=reports.render_report)
 sweep.tune.commands.register(app, groups, render_report=reports.render_report)
 sweep.simulate.commands.register(app, groups, render_report=reports.render_report)
 reports.commands.register(app, groups)
+sweep.compare.commands.register(app, judge=reports.compare)
 app.add_typer(model_app, name="model")
 app.add_typer(check_app, name="check")
 app.add_typer(lab_app, name="lab")

@@ -1,5 +1,6 @@
-"""`bench report`, `bench gate`, `bench ab` and `bench lab gate-study` (hidden old name:
-`bench gate-study`). Heavy modules (pandas, matplotlib) are imported inside each command."""
+"""`bench report`, `bench gate` and `bench lab gate-study` (hidden old name: `bench gate-study`). Heavy
+modules (pandas, matplotlib) are imported inside each command. `bench compare` (sweep/compare/commands.py)
+writes its report and gates through reports/compare.py."""
 
 from __future__ import annotations
 
@@ -172,81 +173,11 @@ def _emit(result: GateResult, base_name: str, cand_name: str, markdown: Path | N
 
 
 @with_engine_knobs
-def ab(
-    engine_knobs: dict[str, Any],
-    model: str = knob_option("model", "smollm2-135m", help="Model both sides serve."),
-    baseline_ref: str | None = typer.Option(None, help="Baseline: a git ref of this repository (served by its "
-                                            "own `bench serve` from a temporary worktree)."),
-    baseline_command: str | None = typer.Option(None, help="Baseline: a server launch template instead, e.g. "
-                                                "'vllm serve {model} --port {port}'."),
-    baseline_args: str = typer.Option("", help="Extra arguments for the baseline's server command."),
-    candidate_ref: str | None = typer.Option(None, help="Candidate: a git ref (e.g. HEAD)."),
-    candidate_command: str | None = typer.Option(None, help="Candidate: a server launch template instead."),
-    candidate_args: str = typer.Option("", help="Extra arguments for the candidate's server command."),
-    concurrency: str = typer.Option("1,2,4", help="Closed-loop streams per point."),
-    num_prompts: int = typer.Option(32, help="Requests per point and repeat (docs/GATE.md: why 32)."),
-    repeats: int = typer.Option(3, help="Interleaved repeats per side (docs/GATE.md: why 3)."),
-    workload: str = typer.Option("random", help="Workload (as for bench sweep)."),
-    input_len: int | None = typer.Option(128, help="Prompt tokens (fixed/random workloads)."),
-    output_len: int | None = typer.Option(32, help="Output tokens (fixed/random workloads)."),
-    seed: int = typer.Option(0, help="Workload seed."),
-    slo: str | None = typer.Option(None, help="SLO, e.g. ttft=500,tpot=50 (as for bench sweep)."),
-    output_dir: Path = typer.Option(Path("results/ab"), help="Writes <dir>/baseline and <dir>/candidate."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted A/B in --output-dir."),
-    metric: str = typer.Option("ttft_p90,tpot_p50,e2el_p90,failure_rate", help="Gate metrics (as for bench gate)."),
-    max_regression: str = typer.Option("10%", help="Fail only above this relative slow-down."),
-    alpha: float = typer.Option(0.05, help="Family-wise significance level."),
-    noise_floor: str | None = typer.Option(None, help="Between-run relative SD for a side measured once."),
-    junit_xml: Path | None = typer.Option(None, help="Write JUnit XML."),
-    markdown: Path | None = typer.Option(None, help="Also write the Markdown table here."),
-) -> None:
-    """Interleaved A/B: serve both sides, alternate their sweeps (ABBA...), then gate. Exit 0 pass, 1 regression,
-    2 unusable input."""
-    from reports.ab import Side, run_ab
-    from reports.gate import GateConfig, GateInputError, parse_metric, parse_threshold, run_gate
-    from reports.importers import RunInputError, load_run
-    from sweep.point.benchmark_metrics import parse_slo
-    from sweep.point.runner import WorkloadConfig
-    from sweep.run.sweeper import SweepConfig
-
-    try:
-        config = GateConfig(
-            metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
-            max_regression=parse_threshold(max_regression),
-            alpha=alpha,
-            noise_floor=parse_threshold(noise_floor) if noise_floor is not None else None,
-        )
-        for spec in config.metrics:
-            parse_metric(spec)
-        baseline = Side("baseline", baseline_ref, baseline_command, baseline_args)
-        candidate = Side("candidate", candidate_ref, candidate_command, candidate_args)
-        sweep_config = SweepConfig(
-            output_dir=output_dir,
-            values=[float(c) for c in concurrency.split(",") if c.strip()],
-            model=model,
-            engine_knobs={**engine_knobs, "seed": seed},
-            workload=WorkloadConfig(workload=workload, input_len=input_len, output_len=output_len, seed=seed),
-            num_prompts=num_prompts,
-            repeats=repeats,
-            slo=parse_slo(slo),
-            resume=resume,
-            calibration=True,
-        )
-        base_dir, cand_dir = run_ab(sweep_config, baseline, candidate)
-        result = run_gate(load_run(base_dir), load_run(cand_dir), config)
-    except (RunInputError, GateInputError, ValueError, FileExistsError, RuntimeError) as exc:
-        _error(str(exc))
-    except KeyboardInterrupt:
-        _error(f"interrupted: finished repeats are kept in {output_dir}; continue with the same flags and --resume")
-    _emit(result, str(base_dir), str(cand_dir), markdown, junit_xml)
-
-
-@with_engine_knobs
 def gate_study(
     engine_knobs: dict[str, Any],
     model: str = knob_option("model", "tiny-random", help="Model both sides serve."),
     ref: str = typer.Option("HEAD", help="The git ref both sides serve (the candidate with an injected delay)."),
-    aa_trials: int = typer.Option(20, help="A/A trials (`bench ab` of the ref against itself)."),
+    aa_trials: int = typer.Option(20, help="A/A trials (`bench compare` of the ref against itself)."),
     detection_trials: int = typer.Option(8, help="Trials per injected slow-down."),
     regressions: str = typer.Option("10%,20%,40%", help="Injected TPOT slow-downs, relative to the A/A runs."),
     max_regressions: str = typer.Option("5%,10%,15%,20%", help="Gate thresholds to evaluate."),
@@ -261,7 +192,7 @@ def gate_study(
     analyse_only: bool = typer.Option(False, "--analyse-only", help="Only re-analyse the finished trials."),
 ) -> None:
     """Measure the gate's A/A false-alarm rate and its detection rate of injected TPOT slow-downs on real
-    interleaved `bench ab` runs of this machine, for several gate variants (a benchmark: minutes to hours)."""
+    interleaved `bench compare --together` runs of this machine, for several gate variants (minutes to hours)."""
     from reports.gate import parse_threshold
     from reports.gate_study import TRIALS_FILE, GateStudyConfig, analyse, read_trials, run_trials
     from sweep.point.runner import WorkloadConfig
@@ -299,6 +230,5 @@ def register(app: typer.Typer, groups: dict[str, typer.Typer]) -> None:
     """Add this package's commands to the `bench` app and its `lab` group."""
     app.command("report")(report)
     app.command("gate")(gate)
-    app.command("ab")(ab)
     groups["lab"].command("gate-study")(gate_study)
     app.command("gate-study", hidden=True)(renamed_command(gate_study, "bench lab gate-study"))

@@ -1,8 +1,8 @@
 """`bench lab gate-study`: the gate's false-alarm and detection rates, measured on real interleaved A/B runs.
 
 Procedure (docs/GATE.md):
-1. A/A: `--aa-trials` runs of `bench ab` with both sides the same git ref.
-2. Detection: for each nominal slow-down s in `--regressions`, `--detection-trials` runs of `bench ab` whose
+1. A/A: `--aa-trials` runs of `bench compare --together` with both targets the same git ref.
+2. Detection: for each nominal slow-down s in `--regressions`, `--detection-trials` such runs whose
    candidate serves with `--inject-step-delay-ms d`, d = s x the A/A runs' typical median TPOT (the median over
    points), so the points' TPOT is slowed by about s (the realised change per point is reported too).
 3. Analysis: every trial is gated again under each gate variant (repeats used, prompts used per repeat,
@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reports.ab import Side, run_ab
 from reports.gate import FAILURE_RATE, Comparison, GateConfig, GateResult, run_gate
 from reports.importers import RunData, load_run
+from sweep.compare.rounds import CompareConfig, run_compare
+from sweep.compare.targets import Target
 
 if TYPE_CHECKING:  # the sweep config module loads the HTTP client, which the gate never needs
     from sweep.run.sweep_config import SweepConfig
@@ -38,7 +39,7 @@ TRIALS_FILE = "trials.jsonl"
 
 @dataclass(frozen=True)
 class GateStudyConfig:
-    sweep: SweepConfig  # the trial's `bench ab` sweep: loads, prompts, repeats (the most any variant uses), model
+    sweep: SweepConfig  # the trial's `bench compare` sweep: loads, prompts, repeats (the most any variant uses), model
     ref: str = "HEAD"
     aa_trials: int = 20
     detection_trials: int = 8
@@ -126,12 +127,12 @@ def run_trials(study: GateStudyConfig, log: Callable[[str], None] = print) -> li
         shutil.rmtree(out / tag, ignore_errors=True)  # an interrupted trial starts over
         log(f"trial {n}/{len(plan)}: {tag} (inject {delay} ms per step)")
         start = time.perf_counter()
-        candidate_args = f"--inject-step-delay-ms {delay}" if delay else ""
-        run_ab(
+        candidate = {"inject_step_delay_ms": delay} if delay else {}
+        run_compare(CompareConfig(
             replace(study.sweep, output_dir=out / tag, resume=False),
-            Side("baseline", ref=study.ref),
-            Side("candidate", ref=study.ref, extra_args=candidate_args),
-        )
+            [Target("baseline", "ref", study.ref), Target("candidate", "ref", study.ref, candidate)],
+            together=True,
+        ))  # fmt: skip
         trial = {"regression": regression, "trial": k, "delay_ms": delay, "dir": tag,
                  "wall_s": round(time.perf_counter() - start, 2), "loadavg": _loadavg()}
         _append_trial(out, trial)

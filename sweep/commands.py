@@ -1,6 +1,6 @@
-"""The sweep package's `bench` commands outside simulate and tune: `bench sweep`, `bench soak`,
-`bench lab mock-server`, `bench lab calibrate` and `bench compare-llama-cpp`, with the hidden old names
-`bench mock-server` and `bench calibrate`."""
+"""The sweep package's `bench` commands outside simulate, tune and compare: `bench sweep`, `bench soak`,
+`bench lab mock-server` and `bench lab calibrate`, with the hidden old names `bench mock-server` and
+`bench calibrate`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,3 @@ def register(app: typer.Typer, groups: dict[str, typer.Typer], render_report: Re
     groups["lab"].command("calibrate")(calibrate)
     app.command("mock-server", hidden=True)(renamed_command(mock_server, "bench lab mock-server"))
     app.command("calibrate", hidden=True)(renamed_command(calibrate, "bench lab calibrate"))
-    from sweep.compare_llama_cpp import compare_llama_cpp
-
-    app.command("compare-llama-cpp")(compare_llama_cpp)

@@ -85,7 +85,8 @@ def test_the_sweep_client_does_load_aiohttp() -> None:
 
 # sweep's subpackages by job, bottom up: the client and one point; a run (sweeps, search, repeats, run directory),
 # which times the machine with the mock's calibration (and the mock launches through the run's launcher); then the
-# jobs built on runs. A subpackage -> the sweep subpackages its modules may import (cli_options: command modules).
+# jobs built on runs (compare: several targets' runs, interleaved). A subpackage -> the sweep subpackages its
+# modules may import (cli_options: command modules).
 SWEEP_LAYERS = {
     "point": {"point"},
     "run": {"point", "run", "mock", "cli_options"},
@@ -93,6 +94,7 @@ SWEEP_LAYERS = {
     "soak": {"point", "run", "soak", "cli_options"},
     "simulate": {"point", "run", "simulate", "cli_options"},
     "tune": {"point", "run", "simulate", "tune", "cli_options"},
+    "compare": {"point", "run", "compare", "cli_options"},
 }
 
 
@@ -115,11 +117,10 @@ def test_sweep_subpackages_import_only_the_layers_below_them(subpackage: str) ->
     assert not violations, "\n".join(violations)
 
 
-# typer belongs to the modules that declare `bench` commands. The lab studies, gpu_check, `bench throughput`'s
-# command module and compare-llama-cpp still define their command beside the code they run, so they are named.
+# typer belongs to the modules that declare `bench` commands. The lab studies, gpu_check and `bench throughput`'s
+# command module still define their command beside the code they run, so they are named.
 COMMAND_MODULE_NAMES = {"commands.py", "cli_options.py", "cli.py", "replay_commands.py", "quality_command.py"}
 TYPER_ALSO_IN = {"engine/lab/", "engine/benchmarks/gpu_check.py", "engine/benchmarks/throughput.py"}
-TYPER_ALSO_IN |= {"sweep/compare_llama_cpp.py"}
 
 
 def test_only_command_modules_import_typer() -> None:

@@ -168,10 +168,14 @@ def launch(
     template: str | None = None,
     host: str = "127.0.0.1",
     health_timeout_s: float = 600.0,
+    health_path: str = "/health",
 ) -> ServerProcess:
     """Build the command (built-in engine, or `template`) on a free port; `with launch(...) as server:`."""
     port = free_port(host)
     command = (
         template_command(template, model, host, port, knobs) if template else builtin_command(model, host, port, knobs)
     )
-    return ServerProcess(command=command, host=host, port=port, log_path=log_path, health_timeout_s=health_timeout_s)
+    return ServerProcess(
+        command=command, host=host, port=port, log_path=log_path, health_timeout_s=health_timeout_s,
+        health_path=health_path,
+    )

@@ -180,8 +180,9 @@ RESUME_KEYS = ("target", "workload", "slo", "percentiles")
 
 
 def _comparable(key: str, value: Any) -> Any:
-    if key == "target" and isinstance(value, dict) and value.get("backend") == "servelab":
-        return {k: v for k, v in value.items() if k != "url"}  # a relaunched built-in engine gets a new port
+    relaunched = isinstance(value, dict) and (value.get("backend") == "servelab" or value.get("launch_template"))
+    if key == "target" and relaunched:
+        return {k: v for k, v in value.items() if k != "url"}  # a relaunched server gets a new port
     return value
 
 

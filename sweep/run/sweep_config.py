@@ -43,6 +43,7 @@ class SweepConfig(LoadConfig):
     warmup_seconds: float = 0.0  # steady-state window (sweep.point.steady_state): ramp-up left out of `steady`
     cooldown_seconds: float = 0.0  # ... and the drain
     health_timeout_s: float = 600.0
+    health_path: str = "/health"  # a launched server without /health (llama.cpp's) is ready once this answers 200
     request_timeout_s: float | None = REQUEST_TIMEOUT_S  # a request running longer fails with "Timeout"; 0/None: off
     stall_timeout_s: float | None = STALL_TIMEOUT_S  # a stream silent this long fails with "Stalled"; 0/None: off
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens

@@ -81,6 +81,7 @@ class Sweeper:
                 cfg.output_dir / results.SERVER_LOG,
                 template=cfg.launch_template,
                 health_timeout_s=cfg.health_timeout_s,
+                health_path=cfg.health_path,
             )
             with self.console.status(f"starting the engine ({cfg.model}); log {self.server.log_path}"):
                 self.server.start()

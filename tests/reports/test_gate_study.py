@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -89,3 +90,28 @@ def test_analysis_counts_false_alarms_and_detections(tmp_path: Path) -> None:
     assert summary["realised_tpot_p50_change"]["0.4"]["c0001"] == pytest.approx(0.4, abs=0.1)
     table = (tmp_path / "gate_study.md").read_text()
     assert "| R=3, n=24, >10% | 0/2 (0%; 0%-66%) | 2/2 (100%; 34%-100%) |" in table
+
+
+def test_trials_run_as_compares_of_the_ref_against_itself(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from synthetic_runs import synthetic_run_dir
+
+    from reports import gate_study
+
+    seen = []
+
+    def fake_compare(config: Any, console: Any = None) -> dict[str, Path]:
+        seen.append(config)
+        for target in config.targets:
+            synthetic_run_dir(config.sweep.output_dir / target.name, seed=1, loads=[1, 2])
+        return {t.name: config.sweep.output_dir / t.name for t in config.targets}
+
+    monkeypatch.setattr(gate_study, "run_compare", fake_compare)
+    study = GateStudyConfig(SweepConfig(tmp_path, num_prompts=12, repeats=1), ref="HEAD", aa_trials=1,
+                            detection_trials=1, regressions=(0.5,))  # fmt: skip
+    trials = gate_study.run_trials(study, log=lambda line: None)
+    assert [t["dir"] for t in trials] == ["aa/t00", "slow50/t00"]
+    aa, slow = seen
+    assert aa.together and [(t.name, t.kind, t.value, t.knobs) for t in aa.targets] == [
+        ("baseline", "ref", "HEAD", {}), ("candidate", "ref", "HEAD", {})]  # fmt: skip
+    delay = slow.targets[1].knobs["inject_step_delay_ms"]
+    assert delay == trials[1]["delay_ms"] > 0 and slow.sweep.output_dir == tmp_path / "slow50" / "t00"

@@ -19,7 +19,7 @@ import pytest
 
 import sweep
 from engine.model_files import smollm2_gguf_path
-from sweep.compare_llama_cpp import llama_cpp_command
+from sweep.compare.targets import llama_cpp_command
 from sweep.run.launcher import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -28,7 +28,7 @@ START_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Started as `bench compare-llama-cpp` starts it (its command, ready once /v1/models answers)."""
+    """Started as a `bench compare` llama.cpp target starts it (its command, ready once /v1/models answers)."""
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     command = llama_cpp_command(smollm2_gguf_path(), "smollm2", port, threads=2, n_ctx=1024)
