@@ -1,5 +1,5 @@
 #!/bin/bash
-# `bench simulate` validation (docs/BENCHMARKS.md, "bench simulate" section): one profile, two calibration sweeps
+# `bench simulate` validation (docs/benchmarks-history.md, "bench simulate" section): one profile, two calibration sweeps
 # and the validation sweeps, in one run under `flock /work/bench.lock` so they see the same machine:
 #   flock /work/bench.lock docs/simulate_validation.sh OUT_DIR
 # The predictions are made afterwards (simulation is deterministic, its timing is not measured):

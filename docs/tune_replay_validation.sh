@@ -1,5 +1,5 @@
 #!/bin/bash
-# `bench tune --simulate-first` against the full grid (docs/BENCHMARKS.md, "bench simulate" section, "Tuning-grid
+# `bench tune --simulate-first` against the full grid (docs/benchmarks-history.md, "bench simulate" section, "Tuning-grid
 # replay"): one profile, then the whole grid launched (`bench tune --grid`: every configuration once, which records
 # the grid and its true best), then the same grid with --simulate-first in the same order (GridSampler, same
 # seed), then the whole grid once more (the run-to-run spread of the same configurations). One locked run:

@@ -36,7 +36,9 @@ def report(
     cost_per_hour: float | None = typer.Option(
         None, help="USD per instance-hour: price every point (default: the price its sweep stored, if any)."
     ),
-    gpus_per_instance: int = typer.Option(1, help="GPUs of one instance (with --cost-per-hour)."),
+    gpus_per_instance: int = typer.Option(1, help=(
+        "GPUs of one instance: recorded beside the cost; --cost-per-hour is per instance, so it enters no figure."
+    )),
 ) -> None:
     """Write report.html (self-contained) and report.md (+ plots/*.png) for one or more runs."""
     from rich.progress import Progress

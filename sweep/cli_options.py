@@ -68,7 +68,9 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
     "cost_per_hour": OptionSpec(
         None, "USD per instance-hour: every point gets cost_per_million_output_tokens at its goodput.", COST_PANEL
     ),
-    "gpus_per_instance": OptionSpec(1, "GPUs of one instance (with --cost-per-hour).", COST_PANEL),
+    "gpus_per_instance": OptionSpec(1, (
+        "GPUs of one instance: recorded beside the cost; --cost-per-hour is per instance, so it enters no figure."
+    ), COST_PANEL),
 }
 
 _SHARED_DEFAULT = object()

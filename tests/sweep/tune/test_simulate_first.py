@@ -62,7 +62,7 @@ def test_simulate_first_launches_only_promising_configurations(tmp_path: Path) -
     assert best_trials(study)[0].params["max_num_seqs"] == 8
 
 
-# The recorded replay's failure (docs/BENCHMARKS.md, run 2), x4: #4 is measured first (6.4, predicted 4.0: the
+# The recorded replay's failure (docs/benchmarks-history.md, run 2), x4: #4 is measured first (6.4, predicted 4.0: the
 # simulation 1.6x pessimistic there); #8, the best (7.2), sits on a TTFT step in its nominal simulation (2.8) and
 # clears it with faster steps (4.4); #1 is hopeless either way. The old rule (prediction against the best
 # measured) pruned #8: 2.8 < 0.8 x 6.4.

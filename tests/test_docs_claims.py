@@ -1,0 +1,86 @@
+"""Checkable claims in README.md and docs/: each test pins one claim to the code it describes."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import typer
+
+from sweep.run.cost import CostConfig, cost_fields
+from sweep.tune.space import engine_knobs
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks-history.md")]
+COMMAND_MODULES = [
+    "sweep.commands",
+    "sweep.tune.commands",
+    "sweep.simulate.commands",
+    "reports.commands",
+    "engine.commands",
+    "workloads.commands",
+]
+
+
+def _registered(module_name: str) -> list[str]:
+    """The visible command names `module.register` adds, top level and in the groups."""
+    module = importlib.import_module(module_name)
+    app = typer.Typer()
+    groups = {name: typer.Typer() for name in ("model", "check", "lab")}
+    if module_name == "workloads.commands":
+        module.register(app)
+    else:
+        module.register(app, groups)
+    names = [c.name for c in app.registered_commands if not c.hidden]
+    names += [g.name for g in app.registered_groups]
+    for group in groups.values():
+        names += [c.name for c in group.registered_commands if not c.hidden]
+    return [n for n in names if n]
+
+
+@pytest.mark.parametrize("module_name", COMMAND_MODULES)
+def test_module_docstring_names_every_command_it_registers(module_name: str) -> None:
+    doc = importlib.import_module(module_name).__doc__ or ""
+    named = [name for name in _registered(module_name) if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", doc)]
+    missing = sorted(set(_registered(module_name)) - set(named))
+    assert not missing, f"{module_name}'s docstring does not name {missing}"
+
+
+def test_tune_md_lists_every_default_search_knob() -> None:
+    text = (ROOT / "docs" / "TUNE.md").read_text()
+    section = text.split("## Search space", 1)[1].split("\n## ", 1)[0]
+    searched = [name for name, spec in engine_knobs().items() if spec.search is not None]
+    assert "tensor_parallel_size" in searched
+    phrases = {"enable_chunked_prefill": "chunked prefill", "enable_prefix_caching": "prefix caching"}
+    missing = [n for n in searched if phrases.get(n, n).split(".")[-1] not in section]
+    assert not missing, f"docs/TUNE.md's search-space section omits {missing}"
+
+
+def test_tune_md_max_model_len_floor_only_for_generated_workloads() -> None:
+    section = (ROOT / "docs" / "TUNE.md").read_text().split("## Search space", 1)[1].split("\n## ", 1)[0]
+    assert "fixed`/`random` never below the longest request" in section
+
+
+def test_no_doc_claims_fp8_is_implemented() -> None:
+    for path in DOCS:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if "fp8" in line and "`fp8`" in line or "fp8 on a" in line:
+                assert "no device" in line or "refuse" in line, f"{path.name}:{number}: {line}"
+
+
+def test_docs_do_not_claim_untested_servers_are_driven() -> None:
+    for name in ("README.md", "docs/SWEEP.md"):
+        text = (ROOT / name).read_text()
+        assert "SGLang" not in text, name
+        assert "tested against" in text, name
+
+
+def test_gpus_per_instance_enters_no_figure() -> None:
+    one, eight = (cost_fields([], 10.0, None, CostConfig(2.0, gpus_per_instance=g)) for g in (1, 8))
+    assert {k: v for k, v in one.items() if k != "gpus_per_instance"} == {
+        k: v for k, v in eight.items() if k != "gpus_per_instance"
+    }
+    for name in ("docs/SWEEP.md", "docs/SIMULATE.md"):
+        assert "--gpus-per-instance N` is" in (ROOT / name).read_text(), name
