@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATION_METHODS = ("none", "int8", "int4", "fp8")
+QUANTIZATION_METHODS = ("none", "int8", "int4")  # fp8: not implemented anywhere yet, so not offered
 QUANTIZATION_GROUP_SIZES = (32, 64, 128)
 QUANTIZATION_SKIPPABLE = ("lm_head", "embed_tokens")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
+KV_CACHE_DTYPES = ("auto", "bfloat16")  # fp8: not implemented anywhere yet, so not offered
 ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 
@@ -160,36 +160,12 @@ def resolved_device_type(device: str) -> str:
 
 def quantization_unsupported_reason(quantization: str, device_type: str) -> str | None:
     """Why the engine cannot run `quantization` on `device_type`, or None when it can."""
-    if quantization == "fp8" and device_type != "cuda":
-        return (
-            f"quantization='fp8' needs a CUDA GPU with fp8 support (compute capability >= 8.9); this engine runs "
-            f"on {device_type}: use --quantization int8 or int4"
-        )
-    if quantization == "fp8":
-        return "quantization='fp8' is not implemented for CUDA in this engine yet: use --quantization int8"
     if quantization == "int4" and device_type != "cpu":
         return (
             f"quantization='int4' runs on the CPU only (torch's packed int4 CPU kernel); on {device_type} use "
             "--quantization int8"
         )
     return None
-
-
-def kv_cache_dtype_unsupported_reason(kv_cache_dtype: str, device_type: str) -> str | None:
-    """Why the engine cannot store its KV cache as `kv_cache_dtype` on `device_type`, or None when it can."""
-    if kv_cache_dtype == "fp8" and device_type != "cuda":
-        return (
-            f"kv_cache_dtype='fp8' needs a CUDA GPU (float8_e4m3fn storage with a scale); this engine runs on "
-            f"{device_type}: use --kv-cache-dtype bfloat16 or auto"
-        )
-    if kv_cache_dtype == "fp8":
-        return "kv_cache_dtype='fp8' is not implemented for CUDA in this engine yet: use --kv-cache-dtype bfloat16"
-    return None
-
-
-def _check_kv_cache_dtype(mc: ModelConfig, cc: CacheConfig) -> None:
-    reason = kv_cache_dtype_unsupported_reason(cc.kv_cache_dtype, resolved_device_type(mc.device))
-    _check(reason is None, reason or "")
 
 
 # The CPU's default KV cache (no kv_cache_memory_bytes): the smaller of these, split over the tensor-parallel ranks
@@ -237,7 +213,7 @@ class CacheConfig:
     kv_cache_dtype: str = knob(
         "auto",
         help="Storage dtype of the paged KV cache: " + " | ".join(KV_CACHE_DTYPES) + " (auto: the model dtype; "
-        "bfloat16 halves a float32 model's KV bytes per block; fp8 is not implemented yet).",
+        "bfloat16 halves a float32 model's KV bytes per block).",
     )
 
     def __post_init__(self) -> None:
@@ -523,7 +499,6 @@ class EngineConfig:
         from engine.structured_output.config import StructuredOutputsConfig
 
         self.structured_outputs_config = StructuredOutputsConfig.from_json(sc.structured_outputs_config)
-        _check_kv_cache_dtype(mc, self.cache_config)
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)
         if self.parallel_config.tensor_parallel_size > 1:
@@ -548,7 +523,6 @@ class EngineConfig:
             for component, cls_ in COMPONENTS.items()
         }
         mc: ModelConfig = parts["model_config"]
-        _check_kv_cache_dtype(mc, parts["cache_config"])
         context_length = model_context_length(mc.model)
         if mc.max_model_len is None:
             mc.max_model_len = context_length

@@ -38,13 +38,11 @@ class EngineCore:
         self.max_model_len: int = runner.max_model_len  # the config's, resolved when it was built
         self.eos_token_ids: list[int] = list(runner.eos_token_ids)
         self.vocab_size: int = runner.vocab_size
-        # None: no speculation. A draft model loads before the sizing: its weights and KV share the target's budget.
+        # NoSpeculation when off. A draft model loads before the sizing: its weights and KV share the target's budget.
         self.spec_decoder = SpeculativeDecoder.from_config(config)
-        draft_block_bytes = self.spec_decoder.draft_block_bytes if self.spec_decoder is not None else 0
-        self.num_gpu_blocks = runner.determine_num_blocks(extra_block_bytes=draft_block_bytes)
+        self.num_gpu_blocks = runner.determine_num_blocks(extra_block_bytes=self.spec_decoder.draft_block_bytes)
         runner.initialize_kv_cache(self.num_gpu_blocks)
-        if self.spec_decoder is not None:
-            self.spec_decoder.initialize_kv_cache(self.num_gpu_blocks)
+        self.spec_decoder.initialize_kv_cache(self.num_gpu_blocks)
         self.scheduler = Scheduler(config, self.num_gpu_blocks)
         self.sampler = Sampler(runner.device, config.model_config.seed)
         self._generators: dict[str, torch.Generator] = {}  # per seeded request, dropped when it finishes
@@ -67,18 +65,15 @@ class EngineCore:
         for request in self.scheduler.finish_requests(request_ids):
             self._generators.pop(request.request_id, None)
         self.structured_output_manager.remove(request_ids)
-        if self.spec_decoder is not None:
-            self.spec_decoder.free(request_ids)
+        self.spec_decoder.free(request_ids)
 
     def step(self) -> list[EngineCoreOutput]:
         if not self.scheduler.has_unfinished_requests():
             return []
         failed = self._finish_failed_grammars()
-        if self.spec_decoder is not None:
-            self.spec_decoder.propose(self.scheduler.running, self._generators)
+        self.spec_decoder.propose(self.scheduler.running, self._generators)
         scheduler_output = self.scheduler.schedule()
-        if self.spec_decoder is not None:
-            self.spec_decoder.after_schedule(scheduler_output, self.scheduler.requests)
+        self.spec_decoder.after_schedule(scheduler_output, self.scheduler.requests)
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         self.structured_output_manager.rebuild(scheduler_output.preempted_request_ids)
@@ -107,26 +102,21 @@ class EngineCore:
             grammar = self.structured_output_manager.fill_bitmask(sampling)
             if grammar is not None:
                 metadata.grammar_bitmask, metadata.grammar_rows = grammar
-            if self.spec_decoder is not None:
-                sampler_output = self.spec_decoder.sample(self.sampler, logits, metadata, sampling)
-            else:
-                sampler_output = self.sampler(logits, metadata)
+            sampler_output = self.spec_decoder.sample(self.sampler, logits, metadata, sampling)
             logprobs = []
             start = 0
             for scheduled in sampling:
                 end = start + scheduled.num_logits_rows
                 accepted = accept_drafts(scheduled.spec_token_ids, sampler_output.sampled_token_ids[start:end])
                 sampled_token_ids.append(accepted)
-                if self.spec_decoder is not None:
-                    self.spec_decoder.observe(scheduled, accepted)
+                self.spec_decoder.observe(scheduled, accepted)
                 row_logprobs = sampler_output.logprobs[start : start + len(accepted)]
                 logprobs.append(None if row_logprobs[0] is None else row_logprobs)  # type: ignore[arg-type]
                 start = end
         outputs = self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
         attach_prompt_logprobs(scheduler_output, outputs)
         self.structured_output_manager.advance(sampling)
-        if self.spec_decoder is not None:
-            self.spec_decoder.free([output.request_id for output in outputs if output.finish_reason is not None])
+        self.spec_decoder.free([output.request_id for output in outputs if output.finish_reason is not None])
         return failed + outputs
 
     def _finish_failed_grammars(self) -> list[EngineCoreOutput]:
@@ -159,8 +149,7 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         stats = self.scheduler.get_stats()
-        if self.spec_decoder is not None:
-            stats.spec_decoding_stats = copy.deepcopy(self.spec_decoder.stats)
+        stats.spec_decoding_stats = copy.deepcopy(self.spec_decoder.stats)
         return stats
 
     def reset_prefix_cache(self) -> bool:

@@ -162,17 +162,35 @@ class Sampler:
         if metadata.all_greedy:
             assert greedy is not None
             return greedy
-        is_greedy = metadata.temperature < _GREEDY_EPS
-        logits = logits / torch.where(is_greedy, 1.0, metadata.temperature).unsqueeze(1)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        if metadata.top_k is not None or metadata.top_p is not None:
-            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        uniforms = torch.rand(logits.shape[0], 2, generator=self.generator, device=logits.device)
-        for row, generator in metadata.generators.items():  # seeded rows draw from their own stream
-            uniforms[row] = torch.rand(2, generator=generator, device=logits.device)
-        sampled = sample_categorical(logits, uniforms)
+        logits, is_greedy = warp_logits(logits, metadata)
+        sampled = sample_categorical(
+            logits, draw_uniforms(self.generator, metadata.generators, logits.shape[0], logits.device)
+        )
         return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
+
+
+def warp_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature (greedy rows divide by 1), then min-p, then top-k/top-p: the distribution a random row samples
+    from. Returns the warped logits and the rows' is-greedy mask."""
+    is_greedy = metadata.temperature < _GREEDY_EPS
+    logits = logits / torch.where(is_greedy, 1.0, metadata.temperature).unsqueeze(1)
+    if metadata.min_p is not None:
+        logits = apply_min_p(logits, metadata.min_p)
+    if metadata.top_k is not None or metadata.top_p is not None:
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+    return logits, is_greedy
+
+
+def draw_uniforms(
+    generator: torch.Generator, seeded: dict[int, torch.Generator], num_rows: int, device: torch.device
+) -> torch.Tensor:
+    """The step's random draws, [num_rows, 2]: two uniforms per row, rows in position order, from the engine-wide
+    `generator`; a seeded row (`seeded[row]`) takes its two from its own request's generator instead. The sampler and
+    the rejection sampler both draw through this, so a seeded request's stream is the same with or without drafts."""
+    uniforms = torch.rand(num_rows, 2, generator=generator, device=device)
+    for row, row_generator in seeded.items():
+        uniforms[row] = torch.rand(2, generator=row_generator, device=device)
+    return uniforms
 
 
 def sample_categorical(logits: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:
@@ -324,8 +342,6 @@ def gather_logprobs(
         entries = [Logprob(sampled_list[row], token_logprobs_list[row], ranks_list[row])]
         if n > 0:
             assert top_values_list is not None and top_indices_list is not None
-            entries += [
-                Logprob(top_indices_list[row][i], top_values_list[row][i], i + 1) for i in range(n)
-            ]
+            entries += [Logprob(top_indices_list[row][i], top_values_list[row][i], i + 1) for i in range(n)]
         out.append(entries)
     return out

@@ -18,7 +18,18 @@ import time
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.entrypoints.engine_process import EngineInfo, run_engine_core
+from engine.entrypoints.engine_process import (
+    AbortRequests,
+    AddRequest,
+    EngineInfo,
+    Outputs,
+    RequestError,
+    Shutdown,
+    StartupFailed,
+    UtilityCall,
+    UtilityResult,
+    run_engine_core,
+)
 from engine.entrypoints.prometheus import ServerMetrics
 from engine.entrypoints.protocol import ApiError
 from engine.executor.start_method import check_not_bootstrapping
@@ -130,10 +141,10 @@ class EngineClient:
                     self.shutdown()
                     raise EngineStartupError(f"the engine did not start within {timeout_s:.0f} s") from None
                 continue
-            if message[0] == "startup_failed":
+            if isinstance(message, StartupFailed):
                 self._process.join(timeout=10)
-                raise EngineStartupError(message[1])
-            self.info = message[1]
+                raise EngineStartupError(message.message)
+            self.info = message.info
             return self.info
 
     @property
@@ -154,7 +165,7 @@ class EngineClient:
         if self._process is None:
             return
         if self._process.is_alive():
-            self._input.put(("shutdown",))
+            self._input.put(Shutdown())
             self._process.join(timeout=timeout_s)
         if self._process.is_alive():
             self._process.kill()
@@ -172,20 +183,20 @@ class EngineClient:
             raise engine_dead_error()
         stream = RequestStream(request, api_arrival, queue)
         self._streams[request.request_id] = stream
-        self._input.put(("add", request))
+        self._input.put(AddRequest(request))
         return stream
 
     def release(self, stream: RequestStream) -> None:
         """The handler is done with `stream`: abort it in the engine unless it finished there."""
         if self._streams.pop(stream.request_id, None) is not None and not stream.finished and not self.dead:
-            self._input.put(("abort", [stream.request_id]))
+            self._input.put(AbortRequests([stream.request_id]))
 
     def finish_early(self, stream: RequestStream) -> None:
         """The API process ended the request (stop string): free it in the engine now and count it as done."""
         stream.finished = True
         self._streams.pop(stream.request_id, None)
         if not self.dead:
-            self._input.put(("abort", [stream.request_id]))
+            self._input.put(AbortRequests([stream.request_id]))
         if self.metrics is not None:
             self.metrics.observe_finished(stream, stream.final_timing(), "stop")
 
@@ -195,7 +206,7 @@ class EngineClient:
         for stream in self._streams.values():
             stream.queue.put_nowait(error)
         if ids and not self.dead:
-            self._input.put(("abort", ids))
+            self._input.put(AbortRequests(ids))
 
     async def call_utility(self, name: str) -> Any:
         if self.dead:
@@ -204,7 +215,7 @@ class EngineClient:
         call_id = next(self._call_ids)
         future = self._loop.create_future()
         self._utility_calls[call_id] = future
-        self._input.put(("utility", call_id, name))
+        self._input.put(UtilityCall(call_id, name))
         result = await future
         if isinstance(result, BaseException):
             raise result
@@ -240,27 +251,25 @@ class EngineClient:
             if not future.done():
                 future.set_exception(engine_dead_error())
 
-    def _on_message(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "outputs":
-            _, outputs, stats, engine_time = message
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, Outputs):
             now = time.monotonic()
-            for output in outputs:
+            for output in message.outputs:
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
-                    self._deliver(stream, output, engine_time, now)
-            self.stats = stats
+                    self._deliver(stream, output, message.engine_time, now)
+            self.stats = message.stats
             if self.metrics is not None:
-                self.metrics.update_stats(stats)
-        elif kind == "request_error":
-            stream = self._streams.get(message[1])
+                self.metrics.update_stats(message.stats)
+        elif isinstance(message, RequestError):
+            stream = self._streams.get(message.request_id)
             if stream is not None:
                 stream.finished = True
-                stream.queue.put_nowait(ApiError(400, message[2], param="prompt"))
-        elif kind == "utility":
-            future = self._utility_calls.pop(message[1], None)
+                stream.queue.put_nowait(ApiError(400, message.message, param="prompt"))
+        elif isinstance(message, UtilityResult):
+            future = self._utility_calls.pop(message.call_id, None)
             if future is not None and not future.done():
-                future.set_result(message[2])
+                future.set_result(message.result)
 
     def _deliver(self, stream: RequestStream, output: EngineCoreOutput, engine_time: float, now: float) -> None:
         if output.new_token_ids:

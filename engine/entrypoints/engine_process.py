@@ -1,9 +1,7 @@
 """The engine process: EngineCore's busy loop behind two multiprocessing queues (token ids only, no text).
 
-Messages in (API → engine):   ("add", Request) | ("abort", [request_id]) | ("utility", call_id, name) | ("shutdown",)
-Messages out (engine → API):  ("ready", EngineInfo) | ("startup_failed", message)
-                              | ("outputs", [EngineCoreOutput], SchedulerStats, engine_time)
-                              | ("request_error", request_id, message) | ("utility", call_id, result)
+Messages in (API → engine):   AddRequest | AbortRequests | UtilityCall | Shutdown
+Messages out (engine → API):  Ready | StartupFailed | Outputs | RequestError | UtilityResult
 Every forwarded output carries a snapshot of its request's RequestTiming (the core fills it in place), so the
 API process can report engine-side timing even for requests it ends itself (stop strings, disconnects).
 """
@@ -23,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
+from engine.outputs import EngineCoreOutput, SchedulerStats
 from engine.request import Request
 
 if TYPE_CHECKING:
@@ -64,9 +63,65 @@ def _engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     )
 
 
+# API → engine messages.
+@dataclass
+class AddRequest:
+    request: Request
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass
+class UtilityCall:
+    """Call EngineCore.<name>() and answer with a UtilityResult of the same call_id."""
+
+    call_id: int
+    name: str
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# Engine → API messages.
+@dataclass
+class Ready:
+    info: EngineInfo
+
+
+@dataclass
+class StartupFailed:
+    message: str
+
+
+@dataclass
+class Outputs:
+    """One step's outputs (possibly none), the scheduler's stats after it, and the engine clock when it ended."""
+
+    outputs: list[EngineCoreOutput]
+    stats: SchedulerStats
+    engine_time: float
+
+
+@dataclass
+class RequestError:
+    request_id: str
+    message: str
+
+
+@dataclass
+class UtilityResult:
+    call_id: int
+    result: Any  # the call's return value, or the exception it raised
+
+
 def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any, log_level: int = logging.INFO) -> None:
     """Process target. Ctrl-C (and `kill` of the process group) reaches this process too, but the API process owns
-    shutdown: it drains in-flight requests first, then sends "shutdown" (or kills this process). If the API process
+    shutdown: it drains in-flight requests first, then sends Shutdown (or kills this process). If the API process
     dies instead, the busy loop notices and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -79,9 +134,9 @@ def run_engine_core(config: EngineConfig, input_queue: Any, output_queue: Any, l
         core = EngineCore(config)
         info = _engine_info(core, core.config)
     except Exception as error:  # noqa: BLE001 - any load failure is reported to the parent verbatim
-        output_queue.put(("startup_failed", f"{type(error).__name__}: {error}"))
+        output_queue.put(StartupFailed(f"{type(error).__name__}: {error}"))
         return
-    output_queue.put(("ready", info))
+    output_queue.put(Ready(info))
     _busy_loop(core, input_queue, output_queue)
 
 
@@ -113,7 +168,7 @@ def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:
         except queue.Empty:
             pass
         for message in messages:
-            if message[0] == "shutdown":
+            if isinstance(message, Shutdown):
                 return
             _handle(core, message, requests, output_queue)
         if core.has_unfinished_requests():
@@ -126,9 +181,9 @@ def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:
                         output.timing = dataclasses.replace(request.timing)
                     if output.finish_reason is not None:
                         del requests[output.request_id]
-            output_queue.put(("outputs", outputs, core.get_stats(), engine_time))
+            output_queue.put(Outputs(outputs, core.get_stats(), engine_time))
         elif messages:  # aborts and resets change the gauges even when nothing runs
-            output_queue.put(("outputs", [], core.get_stats(), time.monotonic()))
+            output_queue.put(Outputs([], core.get_stats(), time.monotonic()))
         now = time.monotonic()
         if now - last_parent_check > _PARENT_CHECK_INTERVAL_S:
             last_parent_check = now
@@ -137,29 +192,27 @@ def _busy_loop(core: EngineCore, input_queue: Any, output_queue: Any) -> None:
             core.check_health()  # a dead tensor-parallel rank ends this process now, not at the next request
 
 
-def _handle(core: EngineCore, message: tuple, requests: dict[str, Request], output_queue: Any) -> None:
-    kind = message[0]
-    if kind == "add":
-        request: Request = message[1]
+def _handle(core: EngineCore, message: object, requests: dict[str, Request], output_queue: Any) -> None:
+    if isinstance(message, AddRequest):
+        request = message.request
         request.timing.arrival_time = time.monotonic()  # engine clock; the API stamped its own clock
         try:
             core.add_request(request)
         except ValueError as error:
-            output_queue.put(("request_error", request.request_id, str(error)))
+            output_queue.put(RequestError(request.request_id, str(error)))
             return
         requests[request.request_id] = request
-    elif kind == "abort":
-        request_ids = [r for r in message[1] if r in requests]
+    elif isinstance(message, AbortRequests):
+        request_ids = [r for r in message.request_ids if r in requests]
         for request_id in request_ids:
             del requests[request_id]
         if request_ids:
             core.abort_requests(request_ids)
-    elif kind == "utility":
-        _, call_id, name = message
+    elif isinstance(message, UtilityCall):
         try:
-            result: Any = getattr(core, name)()
+            result: Any = getattr(core, message.name)()
         except Exception as error:  # noqa: BLE001 - reported to the caller
             result = error
-        output_queue.put(("utility", call_id, result))
+        output_queue.put(UtilityResult(message.call_id, result))
     else:
-        raise ValueError(f"unknown engine message {kind!r}")
+        raise ValueError(f"unknown engine message {type(message).__name__}")

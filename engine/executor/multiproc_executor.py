@@ -25,19 +25,32 @@ import weakref
 from dataclasses import dataclass
 from multiprocessing import BufferTooShort
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from engine.config import ConfigError, EngineConfig
 from engine.executor.start_method import GUARD, check_not_bootstrapping, worker_start_method
-from engine.executor.worker import StepTimes, WorkerInfo, run_worker
+from engine.executor.worker import (
+    DetermineNumBlocks,
+    Done,
+    Execute,
+    InitializeKVCache,
+    LogitsHeader,
+    Ready,
+    Shutdown,
+    StepTimes,
+    WorkerError,
+    WorkerInfo,
+    run_worker,
+)
 from engine.model_files import load_hf_config, resolve_model
 from engine.model_input import prepare_model_input
 from engine.models import ArchConfig
 from engine.scheduler_output import SchedulerOutput
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_TIMEOUT_S = 5.0
@@ -91,7 +104,7 @@ def _stop_workers(processes: list[Any], conns: list[Connection], graceful: bool)
         for process, conn in zip(processes, conns, strict=True):
             if process.is_alive():
                 try:
-                    conn.send_bytes(pickle.dumps(("shutdown",)))
+                    conn.send_bytes(pickle.dumps(Shutdown()))
                 except OSError:
                     pass
         deadline = time.monotonic() + _SHUTDOWN_TIMEOUT_S
@@ -162,7 +175,7 @@ class MultiprocExecutor:
             self._processes.append(process)
             self._conns.append(driver_end)
         try:
-            infos: list[WorkerInfo] = self._collect("ready", range(tp), ready_timeout_s)
+            infos: list[WorkerInfo] = [r.info for r in self._collect(Ready, range(tp), ready_timeout_s)]
         except BaseException:
             self.shutdown()
             raise
@@ -183,8 +196,8 @@ class MultiprocExecutor:
     def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
         """Every rank sizes its own KV cache of its KV heads; the pool is the smallest rank's. Every rank pays the
         whole `extra_block_bytes` per block (the draft model runs unsharded, in this process, on rank 0's device)."""
-        self._broadcast(pickle.dumps(("determine_num_blocks", extra_block_bytes)))
-        per_rank = self._collect("ok", range(self.tensor_parallel_size))
+        self._broadcast(pickle.dumps(DetermineNumBlocks(extra_block_bytes)))
+        per_rank = [r.value for r in self._collect(Done, range(self.tensor_parallel_size))]
         num_blocks = min(per_rank)
         logger.info(
             "KV cache: %d blocks of %d tokens per rank, %d ranks (each rank's own sizing: %s)",
@@ -193,13 +206,13 @@ class MultiprocExecutor:
         return num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._broadcast(pickle.dumps(("initialize_kv_cache", num_blocks)))
-        self._collect("ok", range(self.tensor_parallel_size))
+        self._broadcast(pickle.dumps(InitializeKVCache(num_blocks)))
+        self._collect(Done, range(self.tensor_parallel_size))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """The step runs on every rank; rank 0's gathered logits, float32 on the CPU."""
         start = time.perf_counter()
-        payload = pickle.dumps(("execute", prepare_model_input(scheduler_output, self.block_size)), protocol=5)
+        payload = pickle.dumps(Execute(prepare_model_input(scheduler_output, self.block_size)), protocol=5)
         self._broadcast(payload)
         shape, times = self._wait_for_logits()
         logits = np.empty(shape, dtype=np.float32)
@@ -263,13 +276,13 @@ class MultiprocExecutor:
             except OSError as error:
                 raise self._fail(f"tensor-parallel worker rank {rank} is unreachable: {error}") from error
 
-    def _receive(self, rank: int) -> tuple:
+    def _receive(self, rank: int) -> object:
         try:
             message = pickle.loads(self._conns[rank].recv_bytes())
         except (EOFError, OSError):
             raise self._died(rank) from None
-        if message[0] == "error":
-            raise self._error(message[1], message[2])
+        if isinstance(message, WorkerError):
+            raise self._error(message.rank, message.message)
         return message
 
     def _receive_into(self, buffer: np.ndarray) -> None:
@@ -284,9 +297,9 @@ class MultiprocExecutor:
         try:
             message = pickle.loads(received)
         except Exception:  # noqa: BLE001 - not a message at all
-            message = ("garbage",)
-        if message[0] == "error":
-            raise self._error(message[1], message[2])
+            message = None
+        if isinstance(message, WorkerError):
+            raise self._error(message.rank, message.message)
         raise self._fail(
             f"tensor-parallel worker rank 0 sent {len(received)} bytes of logits, expected {buffer.nbytes}"
         )
@@ -306,16 +319,18 @@ class MultiprocExecutor:
             self._receive(rank)  # its last word, sent outside `pending`: its error
         raise self._died(rank)
 
-    def _collect(self, kind: str, ranks: range, timeout_s: float | None = None) -> list[Any]:
-        """The payload of one `kind` message from each rank, in rank order."""
-        results: dict[int, Any] = {}
+    def _collect(self, kind: type[T], ranks: range, timeout_s: float | None = None) -> list[T]:
+        """One `kind` message from each rank, in rank order."""
+        results: dict[int, T] = {}
         pending = set(ranks)
         while pending:
             for rank in self._wait(pending, timeout_s):
                 message = self._receive(rank)
-                if message[0] != kind:
-                    raise self._fail(f"tensor-parallel worker rank {rank} sent {message[0]!r}, expected {kind!r}")
-                results[rank] = message[1]
+                if not isinstance(message, kind):
+                    raise self._fail(
+                        f"tensor-parallel worker rank {rank} sent {type(message).__name__}, expected {kind.__name__}"
+                    )
+                results[rank] = message
                 pending.discard(rank)
         return [results[rank] for rank in ranks]
 
@@ -324,6 +339,6 @@ class MultiprocExecutor:
         while True:
             for rank in self._wait(set(range(self.tensor_parallel_size)), None):
                 message = self._receive(rank)
-                if rank == 0 and message[0] == "logits":
-                    return message[1], message[2]
-                raise self._fail(f"tensor-parallel worker rank {rank} sent {message[0]!r} during a step")
+                if rank == 0 and isinstance(message, LogitsHeader):
+                    return message.shape, message.times
+                raise self._fail(f"tensor-parallel worker rank {rank} sent {type(message).__name__} during a step")

@@ -53,6 +53,54 @@ class StepTimes:
     collective_seconds: float
 
 
+# Driver → worker messages.
+@dataclass
+class Execute:
+    model_input: Any  # engine.model_input.ModelInput
+
+
+@dataclass
+class DetermineNumBlocks:
+    extra_block_bytes: int
+
+
+@dataclass
+class InitializeKVCache:
+    num_blocks: int
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# Worker → driver messages.
+@dataclass
+class Ready:
+    info: WorkerInfo
+
+
+@dataclass
+class Done:
+    """The answer to DetermineNumBlocks (the block count) or InitializeKVCache (None)."""
+
+    value: Any
+
+
+@dataclass
+class LogitsHeader:
+    """Rank 0's answer to Execute; the raw float32 logits bytes follow it on the pipe."""
+
+    shape: tuple[int, ...]
+    times: StepTimes
+
+
+@dataclass
+class WorkerError:
+    rank: int
+    message: str
+
+
 def default_num_threads(tensor_parallel_size: int) -> int:
     """Each rank's share of the cores this process may run on (at least one)."""
     return max(1, len(os.sched_getaffinity(0)) // tensor_parallel_size)
@@ -65,7 +113,7 @@ def _exit_when_orphaned(parent_pid: int) -> None:
             os._exit(1)
 
 
-def _send(conn: Connection, message: tuple) -> None:
+def _send(conn: Connection, message: object) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
@@ -85,14 +133,14 @@ def run_worker(rank: int, config: EngineConfig, init_method: str, conn: Connecti
             device=str(runner.device),
             num_threads=_num_threads(),
         )
-        _send(conn, ("ready", info))
+        _send(conn, Ready(info))
         _serve(rank, runner, conn)
     except EOFError:
         return
     except BaseException as error:  # noqa: BLE001 - every failure goes to the driver with this rank's traceback
         message = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
         try:
-            _send(conn, ("error", rank, message))
+            _send(conn, WorkerError(rank, message))
         except OSError:
             pass
         os._exit(1)  # peers may be blocked in a collective with this rank: do not run exit handlers that wait
@@ -132,22 +180,21 @@ def _serve(rank: int, runner: Any, conn: Connection) -> None:
 
     while True:
         message = pickle.loads(conn.recv_bytes())
-        kind = message[0]
-        if kind == "execute":
+        if isinstance(message, Execute):
             pop_collective_seconds()
             start = time.perf_counter()
-            logits = runner.execute_model_input(message[1])
+            logits = runner.execute_model_input(message.model_input)
             if rank == 0:
                 array = logits.cpu().numpy()
                 times = StepTimes(time.perf_counter() - start, pop_collective_seconds())
-                _send(conn, ("logits", array.shape, times))
+                _send(conn, LogitsHeader(array.shape, times))
                 conn.send_bytes(array if array.size else b"")  # a step without sample rows sends no bytes
-        elif kind == "determine_num_blocks":
-            _send(conn, ("ok", runner.determine_num_blocks(message[1])))
-        elif kind == "initialize_kv_cache":
-            runner.initialize_kv_cache(message[1])
-            _send(conn, ("ok", None))
-        elif kind == "shutdown":
+        elif isinstance(message, DetermineNumBlocks):
+            _send(conn, Done(runner.determine_num_blocks(message.extra_block_bytes)))
+        elif isinstance(message, InitializeKVCache):
+            runner.initialize_kv_cache(message.num_blocks)
+            _send(conn, Done(None))
+        elif isinstance(message, Shutdown):
             return
         else:
-            raise ValueError(f"unknown worker message {kind!r}")
+            raise ValueError(f"unknown worker message {type(message).__name__}")

@@ -10,9 +10,9 @@ emitted tokens are then distributed exactly as sampling p token by token would g
 Rows of greedy requests, and drafts without q (point masses: n-gram drafts), keep the sampler's own result: the
 target's argmax, or a sample from p, which engine.engine_core.accept_drafts compares with the draft.
 
-Randomness follows the sampler's rule: two uniforms per row, rows in position order, seeded requests from their
-own generator. Row j's first uniform u decides acceptance (u < p/q); after a rejection (u - p/q) / (1 - p/q) is a
-fresh uniform, which with the second one draws the replacement token.
+Randomness is the sampler's (engine.sampler.draw_uniforms): two uniforms per row, rows in position order, seeded
+requests from their own generator. Row j's first uniform u decides acceptance (u < p/q); after a rejection
+(u - p/q) / (1 - p/q) is a fresh uniform, which with the second one draws the replacement token.
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ from engine.sampler import (
     Sampler,
     SamplerOutput,
     SamplingMetadata,
-    apply_min_p,
-    apply_top_k_top_p,
+    draw_uniforms,
     gather_logprobs,
     process_logits,
     sample_categorical,
+    warp_logits,
 )
-
-_GREEDY_EPS = 1e-5
 
 
 def rejection_sample(
@@ -50,15 +48,8 @@ def rejection_sample(
     if metadata.all_greedy:
         tokens = greedy
     else:
-        is_greedy = metadata.temperature < _GREEDY_EPS
-        logits = logits / torch.where(is_greedy, 1.0, metadata.temperature).unsqueeze(1)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        if metadata.top_k is not None or metadata.top_p is not None:
-            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        uniforms = torch.rand(logits.shape[0], 2, generator=sampler.generator, device=logits.device)
-        for row, generator in metadata.generators.items():
-            uniforms[row] = torch.rand(2, generator=generator, device=logits.device)
+        logits, is_greedy = warp_logits(logits, metadata)
+        uniforms = draw_uniforms(sampler.generator, metadata.generators, logits.shape[0], logits.device)
         tokens = _verify(logits, uniforms, draft_tokens, draft_probs)
         tokens = torch.where(is_greedy, greedy, tokens)
     logprobs = gather_logprobs(raw_logprobs, tokens, metadata.num_logprobs) if raw_logprobs is not None else None

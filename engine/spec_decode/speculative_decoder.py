@@ -29,11 +29,11 @@ class SpeculativeDecoder:
         self._draft_probs: dict[str, torch.Tensor] = {}  # q rows of the drafts proposed for the coming step
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> SpeculativeDecoder | None:
-        """None when the config has no speculative_config. A draft model is loaded; its KV cache waits for
-        `initialize_kv_cache`."""
+    def from_config(cls, config: EngineConfig) -> SpeculativeDecoder | NoSpeculation:
+        """NoSpeculation when the config has no speculative_config. A draft model is loaded; its KV cache waits
+        for `initialize_kv_cache`."""
         spec = config.speculative_config
-        return None if spec is None else cls(config, spec)
+        return NoSpeculation() if spec is None else cls(config, spec)
 
     @property
     def draft_block_bytes(self) -> int:
@@ -92,3 +92,32 @@ class SpeculativeDecoder:
     def free(self, request_ids: list[str]) -> None:
         if self.draft_model is not None:
             self.draft_model.free(request_ids)
+
+
+class NoSpeculation:
+    """The decoder when speculation is off: no drafts, plain sampling, no draft KV, no stats. EngineCore calls it
+    exactly as it calls SpeculativeDecoder, so its step has no speculation branches."""
+
+    draft_model = None
+    stats: SpecDecodingStats | None = None
+    draft_block_bytes = 0
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        pass
+
+    def propose(self, running: list[Request], generators: dict[str, torch.Generator]) -> None:
+        pass
+
+    def after_schedule(self, scheduler_output: SchedulerOutput, requests: dict[str, Request]) -> None:
+        pass
+
+    def sample(
+        self, sampler: Sampler, logits: torch.Tensor, metadata: SamplingMetadata, sampling: list[ScheduledRequest]
+    ) -> SamplerOutput:
+        return sampler(logits, metadata)
+
+    def observe(self, scheduled: ScheduledRequest, accepted: list[int]) -> None:
+        pass
+
+    def free(self, request_ids: list[str]) -> None:
+        pass

@@ -12,6 +12,7 @@ from engine.engine_core import EngineCore, accept_drafts, spin
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
+from engine.spec_decode import NoSpeculation
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [40, 41, 42], list(range(100, 121)), [7, 7, 7, 7, 7]]
 MAX_TOKENS = 20
@@ -33,6 +34,12 @@ def test_accept_drafts(drafts: list[int], row_tokens: list[int], expected: list[
 @pytest.fixture(scope="module")
 def core() -> EngineCore:
     return EngineCore(EngineConfig.from_kwargs(model="tiny-random", dtype="float32", block_size=4, max_model_len=256))
+
+
+def test_speculation_off_is_a_decoder_that_does_nothing(core: EngineCore) -> None:
+    assert isinstance(core.spec_decoder, NoSpeculation)
+    assert core.spec_decoder.draft_block_bytes == 0
+    assert core.get_stats().spec_decoding_stats is None
 
 
 def run(core: EngineCore, propose: dict[int, list[int]] | None = None, logprobs: int | None = None) -> tuple:

@@ -16,6 +16,7 @@ from engine.sampler import (
     apply_penalties,
     apply_token_bitmask,
     apply_top_k_top_p,
+    draw_uniforms,
     sample_categorical,
 )
 from engine.sampling_params import SamplingParams
@@ -238,3 +239,13 @@ def test_rows_after_drafts_see_them_as_output_for_penalties_and_min_tokens() -> 
     assert metadata.min_tokens_mask is not None
     rows, token_ids = metadata.min_tokens_mask
     assert sorted(set(rows.tolist())) == [0, 1] and set(token_ids.tolist()) == {0, 3}  # row 2 has 2 outputs
+
+
+def test_draw_uniforms_gives_seeded_rows_their_own_stream() -> None:
+    cpu = torch.device("cpu")
+    engine_wide = torch.Generator(device=cpu).manual_seed(0)
+    uniforms = draw_uniforms(engine_wide, {1: torch.Generator(device=cpu).manual_seed(7)}, 3, cpu)
+    assert uniforms.shape == (3, 2)
+    assert torch.equal(uniforms[1], torch.rand(2, generator=torch.Generator(device=cpu).manual_seed(7)))
+    unseeded = torch.rand(3, 2, generator=torch.Generator(device=cpu).manual_seed(0))
+    assert torch.equal(uniforms[[0, 2]], unseeded[[0, 2]])

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import torch
 
-from engine.config import ConfigError, quantization_unsupported_reason
 from engine.layers.quantization.base import LinearMethodBase
 from engine.layers.quantization.unquantized import UnquantizedLinearMethod
 from engine.layers.quantization.weight_only import (
@@ -26,16 +25,10 @@ def _unquantized(device: torch.device, dtype: torch.dtype, group_size: int) -> L
     return UnquantizedLinearMethod.for_device(device, dtype)
 
 
-def _fp8(device: torch.device, dtype: torch.dtype, group_size: int) -> LinearMethodBase:
-    """fp8 is refused everywhere for now (the reason says why): no fp8 CUDA kernel is wired in yet."""
-    raise ConfigError(quantization_unsupported_reason("fp8", device.type) or "quantization='fp8' is unavailable")
-
-
 QUANTIZATION_METHODS: dict[str, Callable[[torch.device, torch.dtype, int], LinearMethodBase]] = {
     "none": _unquantized,
     "int8": Int8LinearMethod.for_device,
     "int4": Int4LinearMethod.for_device,
-    "fp8": _fp8,
 }
 
 

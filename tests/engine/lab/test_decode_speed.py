@@ -34,7 +34,7 @@ def test_a_run_writes_one_row_per_setting_with_ratios_to_the_first(tmp_path: Pat
 
 def test_an_impossible_setting_is_a_clear_error() -> None:
     result = CliRunner().invoke(app, ["decode-speed", "--model", "tiny-random", "--settings", "float32/fp8"])
-    assert result.exit_code == 1 and "quantization='fp8' needs a CUDA GPU" in result.output
+    assert result.exit_code == 1 and "quantization must be one of" in result.output
 
 
 def test_threads_are_restored_after_the_run() -> None:

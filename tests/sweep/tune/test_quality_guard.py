@@ -141,7 +141,7 @@ def test_the_measurement_is_bench_quality_on_tiny_random(tmp_path: Path) -> None
     (key,) = study.user_attrs
     assert json.loads(key.removeprefix("quality:"))["window"] == 16 and study.user_attrs[key] == record
     assert json.loads(key.removeprefix("quality:"))["chunk_tokens"] == 64
-    with pytest.raises(Infeasible, match="fp8") as err:  # the engine refuses fp8 on the CPU: so would the trial
+    with pytest.raises(Infeasible, match="fp8") as err:  # the engine refuses fp8 (not implemented): so would the trial
         QualityGuard(config, measure_in_process(config)).quality(study, {"quantization": "fp8"})
     assert err.value.cause == "start"
 

@@ -132,8 +132,6 @@ def test_shapes_the_int4_kernel_cannot_take_are_refused_naming_the_knob() -> Non
 @pytest.mark.parametrize(
     ("quantization", "device", "message"),
     [
-        ("fp8", "cpu", "needs a CUDA GPU with fp8 support"),
-        ("fp8", "cuda", "not implemented for CUDA"),
         ("int4", "cuda", "runs on the CPU only"),
     ],
 )
