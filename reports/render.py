@@ -14,6 +14,7 @@ from reports.cost import cost_vs_load, with_cost
 from reports.importers import RunData, RunInputError, load_runs
 from reports.recompute import format_slo, normalize_slo, with_slo
 from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table
+from sweep.mock.machine_speed import host_warnings
 
 
 @dataclass
@@ -122,9 +123,16 @@ def _run_rows(runs: list[RunData]) -> list[tuple[str, str]]:
     return rows
 
 
+def _host_warnings(runs: list[RunData]) -> list[str]:
+    """The machine-speed check's warnings (busy or slow host), one line per run and warning."""
+    return [f"{run.name}: {warning}" for run in runs for warning in host_warnings(run.config.get("calibration"))]
+
+
 def _markdown(title: str, runs: list[RunData], slo, sections: list[Section], out_dir: Path) -> str:
     stamp = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}"
     lines = [f"# {title}", "", f"Generated {stamp}. SLO: {format_slo(slo)}.", ""]
+    lines += [f"> **Warning** ({warning})" for warning in _host_warnings(runs)]
+    lines += [""] if _host_warnings(runs) else []
     lines += [f"- **{name}**: {desc}" for name, desc in _run_rows(runs)]
     for section in sections:
         lines += ["", f"## {section.title}", ""]
@@ -154,7 +162,9 @@ def _html(title: str, runs: list[RunData], slo, sections: list[Section]) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_no_links(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>{_no_links(title)}</h1>",
              f"<p>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}. "
-             f"SLO: {_no_links(format_slo(slo))}.</p><ul>"]
+             f"SLO: {_no_links(format_slo(slo))}.</p>"]
+    parts += [f"<p style='color:#a60'><b>Warning</b> ({_no_links(w)})</p>" for w in _host_warnings(runs)]
+    parts.append("<ul>")
     parts += [f"<li><b>{_no_links(name)}</b>: <code>{_no_links(desc)}</code></li>" for name, desc in _run_rows(runs)]
     parts.append("</ul>")
     for section in sections:

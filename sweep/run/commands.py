@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from sweep.cli_options import (
     shared_option,
     with_load_options,
 )
+from sweep.mock.machine_speed import host_warnings
+from sweep.run.results import CONFIG
 
 
 @with_engine_knobs
@@ -213,5 +216,7 @@ def sweep(
         )
         raise typer.Exit(130) from None
     typer.echo(f"results: {run_dir}")
+    for warning in host_warnings(json.loads((run_dir / CONFIG).read_text()).get("calibration")):
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     if report and ctx.obj is not None:
         render_run_report(ctx.obj, run_dir, config.slo)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -77,3 +79,19 @@ def test_unknown_timeline_point(tmp_path, fixture_run, point):
 
     with pytest.raises(RunInputError, match="timeline-point"):
         render_report([fixture_run], tmp_path, timeline_point=point)
+
+
+def test_report_warns_when_the_host_was_busy_or_slow(tmp_path, fixture_run):
+    run = tmp_path / "run"
+    shutil.copytree(fixture_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["calibration"] = {"host": {"busy_cores": 1.4, "cpu_count": 2, "load_average_1m": 2.0},
+                             "speed": {"cpu_matmul_gflops": 60.0}}
+    (run / "config.json").write_text(json.dumps(config))
+    html = reports.render_report([run], tmp_path / "report").read_text()
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    for text in (markdown, html):
+        assert "host busy: other processes kept 1.40 of 2 cores busy" in text
+        assert "host slow: the machine-speed check measured 60 GFLOP/s" in text
+    quiet = reports.render_report([fixture_run], tmp_path / "quiet")
+    assert "host busy" not in quiet.read_text() and "Warning" not in (tmp_path / "quiet" / "report.md").read_text()
