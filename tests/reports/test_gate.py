@@ -161,12 +161,12 @@ def test_example_workflow_uses_real_flags():
 
     workflow = yaml.safe_load((Path(gate_file).parents[1] / "docs" / "gate-github-actions.yml").read_text())
     commands = typer.main.get_command(app).commands
-    options = {name: {o for p in cmd.params for o in p.opts} for name, cmd in commands.items()}
-    assert {f for f in workflow["env"]["AB_FLAGS"].split() if f.startswith("--")} <= options["ab"]
+    options = {name: {o for p in cmd.params for o in [*p.opts, *p.secondary_opts]} for name, cmd in commands.items()}
+    assert {f for f in workflow["env"]["AB_FLAGS"].split() if f.startswith("--")} <= options["compare"]
     runs = "\n".join(s.get("run", "") for s in workflow["jobs"]["gate"]["steps"]).replace("\\\n", " ")
     bench_lines = [line.split(".venv/bin/bench ", 1)[1].split() for line in runs.splitlines()
                    if ".venv/bin/bench " in line]
-    assert [words[0] for words in bench_lines] == ["ab", "report"]
+    assert [words[0] for words in bench_lines] == ["compare", "report"]
     for command, *words in bench_lines:
         assert {f for f in words if f.startswith("--")} <= options[command]
 
