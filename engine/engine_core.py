@@ -85,13 +85,14 @@ class EngineCore:
                 raise RuntimeError("the scheduler can admit no waiting request into an idle engine (a bug)")
             return failed
         sampling = scheduler_output.sampling_requests()
+        layout = scheduler_output.logits_rows
         logits = take_prompt_logprobs(scheduler_output, self.model_executor.execute_model(scheduler_output))
         if self._step_delay_s:
             spin(self._step_delay_s)
         sampled_token_ids: list[list[int]] = []
         logprobs: list[list[list[Logprob]] | None] | None = None
         if sampling:
-            rows = [(s.request, s.spec_token_ids[:j]) for s in sampling for j in range(s.num_logits_rows)]
+            rows = [(s.request, s.spec_token_ids[:j]) for s in sampling for j in range(1 + len(s.spec_token_ids))]
             metadata = SamplingMetadata.build(
                 [request for request, _ in rows],
                 self.vocab_size,
@@ -99,20 +100,18 @@ class EngineCore:
                 self._generators,
                 draft_prefixes=[drafts for _, drafts in rows],
             )
-            grammar = self.structured_output_manager.fill_bitmask(sampling)
+            grammar = self.structured_output_manager.fill_bitmask(sampling, layout)
             if grammar is not None:
                 metadata.grammar_bitmask, metadata.grammar_rows = grammar
             sampler_output = self.spec_decoder.sample(self.sampler, logits, metadata, sampling)
             logprobs = []
-            start = 0
-            for scheduled in sampling:
-                end = start + scheduled.num_logits_rows
-                accepted = accept_drafts(scheduled.spec_token_ids, sampler_output.sampled_token_ids[start:end])
+            for index, scheduled in enumerate(sampling):
+                rows_of = layout.sample_rows(index)
+                accepted = accept_drafts(scheduled.spec_token_ids, sampler_output.sampled_token_ids[rows_of])
                 sampled_token_ids.append(accepted)
                 self.spec_decoder.observe(scheduled, accepted)
-                row_logprobs = sampler_output.logprobs[start : start + len(accepted)]
+                row_logprobs = sampler_output.logprobs[rows_of.start : rows_of.start + len(accepted)]
                 logprobs.append(None if row_logprobs[0] is None else row_logprobs)  # type: ignore[arg-type]
-                start = end
         outputs = self.scheduler.update_from_output(scheduler_output, sampled_token_ids, logprobs)
         attach_prompt_logprobs(scheduler_output, outputs)
         self.structured_output_manager.advance(sampling)

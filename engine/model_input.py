@@ -46,15 +46,18 @@ def _token_slice(request: Request, start: int, count: int) -> list[int]:
 
 def prepare_model_input(scheduler_output: SchedulerOutput, block_size: int) -> ModelInput:
     """Every scheduled request's known tokens from `num_computed_tokens` on, then its drafts, at consecutive
-    positions; per request its `num_prompt_logprobs_rows` rows (prompt logprobs), then `num_logits_rows` sample rows
-    (the last known token's, then one per draft)."""
+    positions; per request the rows of `scheduler_output.logits_rows`: its prompt-logprob rows (from its first known
+    token), then its sampling rows (the last known token's, then one per draft)."""
     input_ids: list[int] = []
     query_lens: list[int] = []
     context_lens: list[int] = []
     block_tables: list[list[int]] = []
     flat_block_ids: list[int] = []
     sample_rows: list[int] = []
-    for scheduled in scheduler_output.scheduled:
+    layout = scheduler_output.logits_rows
+    for scheduled, prompt_rows, num_sample_rows in zip(
+        scheduler_output.scheduled, layout.num_prompt_logprobs_rows, layout.num_sample_rows, strict=True
+    ):
         request, num_new, drafts = scheduled.request, scheduled.num_scheduled_tokens, scheduled.spec_token_ids
         computed = request.num_computed_tokens
         input_ids += _token_slice(request, computed, num_new - len(drafts)) + drafts
@@ -62,9 +65,8 @@ def prepare_model_input(scheduler_output: SchedulerOutput, block_size: int) -> M
         context_lens.append(computed)
         block_tables.append(scheduled.block_ids)
         flat_block_ids += scheduled.block_ids
-        prompt_rows = scheduled.num_prompt_logprobs_rows  # prompt logprobs: rows from the first known token
         sample_rows += range(len(input_ids) - num_new, len(input_ids) - num_new + prompt_rows)
-        sample_rows += range(len(input_ids) - scheduled.num_logits_rows, len(input_ids))
+        sample_rows += range(len(input_ids) - num_sample_rows, len(input_ids))
     num_tokens = len(input_ids)
     q_lens = np.array(query_lens, dtype=np.int64)
     # positions: for token t of request r, context_lens[r] + (t - first token of r)

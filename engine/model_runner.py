@@ -288,7 +288,8 @@ class ModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """One forward pass over every scheduled token; float32 logits per scheduled request in batch order: its
-        `num_prompt_logprobs_rows`, then its `num_logits_rows` (the last known token's, then one per draft)."""
+        prompt-logprob rows, then its sampling rows (the last known token's, then one per draft), as
+        `scheduler_output.logits_rows` lays them out."""
         return self.execute_model_input(prepare_model_input(scheduler_output, self.block_size))
 
     @torch.inference_mode()

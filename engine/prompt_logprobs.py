@@ -2,7 +2,7 @@
 before it, with the top-N alternatives, computed from the prefill steps' logits.
 
 A request asking for them gets one extra logits row per prompt position it computes, except the last (whose row
-is the sampling row): `ScheduledRequest.num_prompt_logprobs_rows`, placed before its sampling rows. They are
+is the sampling row), placed before its sampling rows (`SchedulerOutput.logits_rows`). They are
 computed from the raw logits (no penalties or masks), as vLLM does. Entry i of the result is a dict
 token id -> Logprob for prompt token i (the prompt token first, then the top-N); entry 0 is None. The whole list
 travels on the request's first output.
@@ -36,13 +36,14 @@ def prompt_logprob_entries(logits: torch.Tensor, next_token_ids: list[int], num:
 
 def take_prompt_logprobs(scheduler_output: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:
     """Record the prompt-logprob rows of this step on their requests; returns the sampling rows only."""
-    if not any(s.num_prompt_logprobs_rows for s in scheduler_output.scheduled):
+    layout = scheduler_output.logits_rows
+    if not layout.has_prompt_logprobs:
         return logits
-    sample_rows: list[int] = []
-    start = 0
-    for scheduled in scheduler_output.scheduled:
-        request, num_rows = scheduled.request, scheduled.num_prompt_logprobs_rows
+    for scheduled, start, num_rows in zip(
+        scheduler_output.scheduled, layout.prompt_logprobs_starts, layout.num_prompt_logprobs_rows, strict=True
+    ):
         if num_rows:
+            request = scheduled.request
             first = request.num_computed_tokens  # the position of the first known token this step
             targets = request.prompt_token_ids[first + 1 : first + 1 + num_rows]
             num = request.sampling_params.prompt_logprobs
@@ -51,10 +52,7 @@ def take_prompt_logprobs(scheduler_output: SchedulerOutput, logits: torch.Tensor
                 request.prompt_logprobs = [None] * request.num_prompt_tokens
             entries = prompt_logprob_entries(logits[start : start + num_rows], targets, num)
             request.prompt_logprobs[first + 1 : first + 1 + num_rows] = entries
-        start += num_rows
-        sample_rows += range(start, start + scheduled.num_logits_rows)
-        start += scheduled.num_logits_rows
-    return logits[torch.tensor(sample_rows, dtype=torch.long, device=logits.device)]
+    return logits[torch.tensor(layout.output_sample_rows(), dtype=torch.long, device=logits.device)]
 
 
 def attach_prompt_logprobs(scheduler_output: SchedulerOutput, outputs: list[EngineCoreOutput]) -> None:

@@ -6,10 +6,15 @@ draft tokens, at consecutive positions; their KV goes to the slots of `block_ids
 tokens reach the end of the request's tokens) the runner returns 1 + len(spec_token_ids) logits rows for it: the
 last known token's row, then one row per draft. Row j scores the token that follows draft j-1, so the target's
 choice there accepts or rejects draft j.
+
+A request asking for prompt logprobs also gets `num_prompt_logprobs_rows` rows before its sampling rows. The step's
+row layout (`LogitsRows`) is computed once, when the SchedulerOutput is built (it reads `num_computed_tokens`,
+which the step's update advances), and every consumer reads its offsets from `SchedulerOutput.logits_rows`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.request import Request
@@ -39,12 +44,66 @@ class ScheduledRequest:
         return max(last - first, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class LogitsRows:
+    """The logits rows of one step, in the runner's output order: per scheduled request (batch order) its
+    prompt-logprob rows, then its 1 + len(spec_token_ids) sampling rows (none for a request that does not sample).
+
+    The sampling rows alone (the prompt-logprob rows taken out) are what the sampler, the rejection sampler and the
+    grammar bitmask index: `sample_starts[i]` is the first of them for the i-th sampling request."""
+
+    num_prompt_logprobs_rows: tuple[int, ...]  # per scheduled request
+    num_sample_rows: tuple[int, ...]  # per scheduled request: 1 + drafts when it samples, else 0
+    prompt_logprobs_starts: tuple[int, ...]  # per scheduled request: its first row in the runner's output
+    sample_starts: tuple[int, ...]  # per sampling request: its first row among the sampling rows
+    num_rows: int  # the runner's output rows: prompt-logprob rows and sampling rows
+    num_sampling_rows: int  # the sampling rows alone
+
+    @classmethod
+    def of(cls, scheduled: Sequence[ScheduledRequest]) -> LogitsRows:
+        prompt = tuple(s.num_prompt_logprobs_rows for s in scheduled)
+        sample = tuple(s.num_logits_rows for s in scheduled)
+        prompt_starts: list[int] = []
+        sample_starts: list[int] = []
+        num_rows = num_sampling_rows = 0
+        for num_prompt, num_sample in zip(prompt, sample, strict=True):
+            prompt_starts.append(num_rows)
+            num_rows += num_prompt + num_sample
+            if num_sample:
+                sample_starts.append(num_sampling_rows)
+                num_sampling_rows += num_sample
+        return cls(prompt, sample, tuple(prompt_starts), tuple(sample_starts), num_rows, num_sampling_rows)
+
+    @property
+    def has_prompt_logprobs(self) -> bool:
+        return self.num_rows != self.num_sampling_rows
+
+    def sample_rows(self, index: int) -> slice:
+        """The sampling rows of the `index`-th sampling request, among the sampling rows."""
+        start = self.sample_starts[index]
+        end = self.sample_starts[index + 1] if index + 1 < len(self.sample_starts) else self.num_sampling_rows
+        return slice(start, end)
+
+    def output_sample_rows(self) -> list[int]:
+        """The sampling rows' positions in the runner's output (every row that is not a prompt-logprob row)."""
+        rows: list[int] = []
+        for start, num_prompt, num_sample in zip(
+            self.prompt_logprobs_starts, self.num_prompt_logprobs_rows, self.num_sample_rows, strict=True
+        ):
+            rows += range(start + num_prompt, start + num_prompt + num_sample)
+        return rows
+
+
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # batch order
     total_num_scheduled_tokens: int = 0
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
+    logits_rows: LogitsRows = field(init=False)  # computed from `scheduled` at construction
+
+    def __post_init__(self) -> None:
+        self.logits_rows = LogitsRows.of(self.scheduled)
 
     @property
     def is_empty(self) -> bool:

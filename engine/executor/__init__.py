@@ -27,5 +27,6 @@ class Executor(Protocol):
     def initialize_kv_cache(self, num_blocks: int) -> None: ...
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """float32 logits per scheduled request in batch order: `num_prompt_logprobs_rows` then `num_logits_rows`."""
+        """float32 logits, `scheduler_output.logits_rows` of them: per scheduled request in batch order its
+        prompt-logprob rows, then its sampling rows."""
         ...

@@ -62,12 +62,12 @@ class SimulatedExecutor:
         return self.cost_model.step_time(StepShape.of(scheduler_output))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Advance the clock by the step's predicted time; one-hot rows on `token_id`, `num_logits_rows` each."""
+        """Advance the clock by the step's predicted time; `logits_rows.num_rows` one-hot rows on `token_id`."""
         seconds = self.step_time(scheduler_output)
         self.clock.now += seconds
         self.busy_time += seconds
         self.num_steps += 1
-        rows = sum(s.num_logits_rows for s in scheduler_output.scheduled)
+        rows = scheduler_output.logits_rows.num_rows
         if self._rows.shape[0] < rows:  # grown, never rebuilt per step
             self._rows = torch.zeros(max(rows, 2 * self._rows.shape[0]), self.vocab_size)
             self._rows[:, self.token_id] = 1.0

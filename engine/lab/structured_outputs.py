@@ -90,7 +90,7 @@ def mask_times(backend: Any, tokenizer: Any, schema: dict, batch_sizes: list[int
     from engine.request import Request
     from engine.sampler import apply_token_bitmask
     from engine.sampling_params import SamplingParams
-    from engine.scheduler_output import ScheduledRequest
+    from engine.scheduler_output import LogitsRows, ScheduledRequest
     from engine.structured_output import StructuredOutputsParams
     from engine.structured_output.manager import StructuredOutputManager
 
@@ -113,9 +113,10 @@ def mask_times(backend: Any, tokenizer: Any, schema: dict, batch_sizes: list[int
                     manager.rebuild([request.request_id])
                 request.output_token_ids = tokens[:position]
             scheduled = [ScheduledRequest(r, 1, [], sample=True) for r in requests]
+            layout = LogitsRows.of(scheduled)
             manager.advance(scheduled)  # the matchers consume the step's token (not timed: that is not the mask)
             start = time.perf_counter()
-            result = manager.fill_bitmask(scheduled)
+            result = manager.fill_bitmask(scheduled, layout)
             fill += time.perf_counter() - start
             assert result is not None
             bitmask, rows = result

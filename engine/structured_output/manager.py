@@ -6,9 +6,9 @@
   costs nothing. Until its grammar is ready the request waits in status WAITING_FOR_FSM and the scheduler passes
   over it; other requests run. The tokenizer and xgrammar's vocabulary tables are loaded on that thread too, on
   the first structured request.
-* Masking: each step, `fill_bitmask` fills one bitmask row per logits row of every constrained request (the row
-  after draft j sees the grammar advanced through drafts 0..j-1, then rolled back); unconstrained rows are not
-  touched (the sampler applies the mask to the constrained rows only).
+* Masking: each step, `fill_bitmask` fills one bitmask row per sampling row (the step's `LogitsRows`) of every
+  constrained request (the row after draft j sees the grammar advanced through drafts 0..j-1, then rolled back);
+  unconstrained rows are not touched (the sampler applies the mask to the constrained rows only).
 * Advancing: a matcher has consumed exactly its request's output tokens. `advance` feeds it the tokens the step
   appended (accepted drafts and the target's token), never a rejected draft. After a preemption the matcher is
   rebuilt from those output tokens (`rebuild`).
@@ -34,7 +34,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
-from engine.scheduler_output import ScheduledRequest
+from engine.scheduler_output import LogitsRows, ScheduledRequest
 from engine.structured_output.backend_xgrammar import XgrammarBackend, compiler_message
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.params import StructuredOutputsParams
@@ -140,20 +140,20 @@ class StructuredOutputManager:
 
     # ------------------------------------------------------------------------------------------- masking
 
-    def fill_bitmask(self, sampling: Sequence[ScheduledRequest]) -> tuple[torch.Tensor, list[int]] | None:
-        """The step's bitmask ([num logits rows, ceil(V/32)] int32, xgrammar's layout) and the logits rows it
-        constrains, in `sampling`'s row order; None when no sampling request is constrained."""
+    def fill_bitmask(
+        self, sampling: Sequence[ScheduledRequest], layout: LogitsRows
+    ) -> tuple[torch.Tensor, list[int]] | None:
+        """The step's bitmask ([num sampling rows, ceil(V/32)] int32, xgrammar's layout) and the sampling rows it
+        constrains (`layout`'s, `sampling` being the step's sampling requests); None when none is constrained."""
         constrained: list[tuple[ScheduledRequest, GrammarState, int]] = []
-        num_rows = 0
-        for scheduled in sampling:
+        for scheduled, first_row in zip(sampling, layout.sample_starts, strict=True):
             state = self._states.get(scheduled.request.request_id)
             if state is not None and not state.broken:
-                constrained.append((scheduled, state, num_rows))
-            num_rows += scheduled.num_logits_rows
+                constrained.append((scheduled, state, first_row))
         if not constrained:
             return None
         assert self._backend is not None, "a constrained request was scheduled before its grammar compiled"
-        bitmask = self._backend.allocate_bitmask(num_rows)
+        bitmask = self._backend.allocate_bitmask(layout.num_sampling_rows)
         rows: list[int] = []
         for scheduled, state, first_row in constrained:
             start = time.perf_counter()
