@@ -4,7 +4,10 @@ Every engine knob is one field declared with `knob(...)`: its default, its help 
 knobs `bench tune` searches by default) its search range live in the field. The `bench serve / throughput /
 sweep` options (engine/cli_options.py), the flags a launched engine gets (sweep/launcher.py) and the tuner's
 knob space (sweep/tune/space.py) are all generated from `engine_knobs()`, so a new field is a new knob
-everywhere.
+everywhere. A field typed as a `Literal` is a choice knob: the config accepts and --help lists only its values.
+The checks are in engine/config_checks.py; the JSON knobs' parsed forms are their packages' (SpeculativeConfig in
+engine/spec_decode/config.py, StructuredOutputsConfig in engine/structured_output/config.py), parsed once, by
+EngineConfig.
 """
 
 from __future__ import annotations
