@@ -2,7 +2,8 @@
 
 `with_engine_knobs` gives a command one option per engine knob, under the knob's vLLM flag in the "Engine
 knobs" help panel, and hands the command `engine_knobs`: the knobs the user set (an unset knob keeps the
-engine config's own default). A command that also uses a knob for itself (`--model`, sweep's `--seed`)
+engine config's own default). A choice knob's option takes only the values of its field's `Literal` type, and
+--help lists them. A command that also uses a knob for itself (`--model`, sweep's `--seed`)
 declares that parameter with `knob_option`, so the flag and panel stay the knob's and the help says the
 command's meaning; its value is then the command's to pass on.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -39,11 +40,13 @@ def _parameter(spec: KnobSpec) -> inspect.Parameter:
         _declaration(spec), help=spec.help, rich_help_panel=ENGINE_PANEL, parser=spec.parse,
         metavar=None if spec.parse is None else "<text>",  # the parser takes more than the type's own spelling
     )  # fmt: skip
+    # A choice knob (a Literal-typed field) takes only its values, and --help lists them: `<auto|torch|triton>`.
+    value_type: Any = spec.value_type if spec.choices is None else Literal[spec.choices]
     return inspect.Parameter(
         spec.name,
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
-        annotation=Annotated[spec.value_type | None, option],  # type: ignore[name-defined]
+        annotation=Annotated[value_type | None, option],
     )
 
 

@@ -4,39 +4,53 @@ Every engine knob is one field declared with `knob(...)`: its default, its help 
 knobs `bench tune` searches by default) its search range live in the field. The `bench serve / throughput /
 sweep` options (engine/cli_options.py), the flags a launched engine gets (sweep/launcher.py) and the tuner's
 knob space (sweep/tune/space.py) are all generated from `engine_knobs()`, so a new field is a new knob
-everywhere.
+everywhere. A field typed as a `Literal` is a choice knob: the config accepts and --help lists only its values.
+The checks are in engine/config_checks.py; the JSON knobs' parsed forms are their packages' (SpeculativeConfig in
+engine/spec_decode/config.py, StructuredOutputsConfig in engine/structured_output/config.py), parsed once, by
+EngineConfig.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from engine.structured_output.config import StructuredOutputsConfig
+from engine.config_checks import (
+    QUANTIZATION_GROUP_SIZES,
+    QUANTIZATION_SKIPPABLE,
+    ConfigError,
+    check_cache_config,
+    check_engine_config,
+    check_model_config,
+    check_parallel_config,
+    check_scheduler_config,
+    literal_choices,
+    model_context_length,
+    parse_byte_size,
+)
+from engine.config_checks import check as _check
+from engine.config_checks import check_tensor_parallel_size as check_tensor_parallel_size
+from engine.config_checks import quantization_unsupported_reason as quantization_unsupported_reason
+from engine.config_checks import resolved_device_type as resolved_device_type
+from engine.spec_decode.config import SPECULATIVE_METHODS as SPECULATIVE_METHODS
+from engine.spec_decode.config import SpeculativeConfig
+from engine.structured_output.config import StructuredOutputsConfig
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATION_METHODS = ("none", "int8", "int4")  # fp8: not implemented anywhere yet, so not offered
-QUANTIZATION_GROUP_SIZES = (32, 64, 128)
-QUANTIZATION_SKIPPABLE = ("lm_head", "embed_tokens")
-KV_CACHE_DTYPES = ("auto", "bfloat16")  # fp8: not implemented anywhere yet, so not offered
-ATTENTION_BACKENDS = ("auto", "torch", "triton")  # engine.attention.ATTENTION_BACKENDS plus auto
-SPECULATIVE_METHODS = ("ngram", "draft_model")
-
-
-class ConfigError(ValueError):
-    """A knob has a value the engine cannot use; the message names the knob and the fix."""
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
+# The choices of the choice knobs: a field's Literal type is what the config checks and what --help lists.
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+QuantizationMethod = Literal["none", "int8", "int4"]  # fp8: not implemented anywhere yet, so not offered
+KVCacheDtype = Literal["auto", "bfloat16"]  # fp8: not implemented anywhere yet, so not offered
+AttentionBackend = Literal["auto", "torch", "triton"]  # engine.attention.ATTENTION_BACKENDS plus auto
+DTYPES: tuple[str, ...] = typing.get_args(Dtype)
+DEVICES: tuple[str, ...] = typing.get_args(Device)
+QUANTIZATION_METHODS: tuple[str, ...] = typing.get_args(QuantizationMethod)
+KV_CACHE_DTYPES: tuple[str, ...] = typing.get_args(KVCacheDtype)
+ATTENTION_BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackend)
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ class KnobSpec:
     flag: str
     search: SearchRange | None
     parse: Callable[[str], Any] | None = None  # the flag's text -> the value, where value_type(text) would not do
+    choices: tuple[Any, ...] | None = None  # a Literal-typed knob's values (value_type: their type)
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -93,15 +108,17 @@ class KnobSpec:
 class ModelConfig:
     model: str = knob("smollm2-135m", help="Model alias, HF directory, .gguf file or hub id.")
     tokenizer: str | None = knob(None, help="Tokenizer to use instead of the model's own.")
-    dtype: str = knob("auto", help=" | ".join(DTYPES))
+    dtype: Dtype = knob(
+        "auto", help="Weight and activation dtype (auto: the checkpoint's on CUDA, float32 on the CPU)."
+    )
     max_model_len: int | None = knob(
         None,
         help="Context length (default: the model's).",
         search=SearchRange(cpu=(0.25, 0.5, 1.0), fraction_of_model_len=True),
     )
     seed: int = knob(0, help="Engine seed.")
-    device: str = knob("auto", help=" | ".join(DEVICES))
-    quantization: str = knob("none", help="Weight quantization method: " + " | ".join(QUANTIZATION_METHODS))
+    device: Device = knob("auto", help="Where the model runs (auto: cuda when available, else cpu).")
+    quantization: QuantizationMethod = knob("none", help="Weight quantization method (int4: CPU only).")
     quantization_group_size: int = knob(
         32,
         help="Input channels per scale group (int4 layers, the int8 LM head): "
@@ -110,38 +127,12 @@ class ModelConfig:
     quantization_skip: str | None = knob(
         None, help="Comma-separated layers left unquantized: " + " | ".join(QUANTIZATION_SKIPPABLE)
     )
-    attention_backend: str = knob(
-        "auto",
-        help="Paged attention kernels: " + " | ".join(ATTENTION_BACKENDS) + " (auto: triton on CUDA, else torch).",
+    attention_backend: AttentionBackend = knob(
+        "auto", help="Paged attention kernels (auto: triton on CUDA, else torch)."
     )
 
     def __post_init__(self) -> None:
-        _check(bool(self.model), "model must be a non-empty alias, HF directory, hub id or .gguf path")
-        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
-        _check(
-            self.max_model_len is None or self.max_model_len > 0,
-            f"max_model_len must be positive, got {self.max_model_len}",
-        )
-        _check(
-            self.quantization in QUANTIZATION_METHODS,
-            f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}",
-        )
-        _check(
-            self.attention_backend in ATTENTION_BACKENDS,
-            f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
-        )
-        _check(
-            self.quantization_group_size in QUANTIZATION_GROUP_SIZES,
-            f"quantization_group_size must be one of {QUANTIZATION_GROUP_SIZES}, got {self.quantization_group_size}",
-        )
-        unknown = sorted(set(self.skipped_layers) - set(QUANTIZATION_SKIPPABLE))
-        _check(
-            not unknown,
-            f"quantization_skip names {unknown}; it takes a comma-separated subset of {QUANTIZATION_SKIPPABLE}",
-        )
-        reason = quantization_unsupported_reason(self.quantization, resolved_device_type(self.device))
-        _check(reason is None, reason or "")
+        check_model_config(self)
 
     @property
     def skipped_layers(self) -> tuple[str, ...]:
@@ -149,45 +140,10 @@ class ModelConfig:
         return tuple(name.strip() for name in (self.quantization_skip or "").split(",") if name.strip())
 
 
-def resolved_device_type(device: str) -> str:
-    """'cuda' or 'cpu': what `device` (auto|cpu|cuda) runs on here."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def quantization_unsupported_reason(quantization: str, device_type: str) -> str | None:
-    """Why the engine cannot run `quantization` on `device_type`, or None when it can."""
-    if quantization == "int4" and device_type != "cpu":
-        return (
-            f"quantization='int4' runs on the CPU only (torch's packed int4 CPU kernel); on {device_type} use "
-            "--quantization int8"
-        )
-    return None
-
-
 # The CPU's default KV cache (no kv_cache_memory_bytes): the smaller of these, split over the tensor-parallel ranks
 # that share the RAM, so the engine never takes most of a shared machine (vLLM's CPU build: 4 GiB by default).
 CPU_KV_CACHE_DEFAULT_BYTES = 4 * 2**30
 CPU_KV_CACHE_DEFAULT_FRACTION = 0.25  # of MemAvailable before the weights load
-_BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,  # as vLLM's `1K`, `4G`: binary
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-               "TB": 10**12}  # fmt: skip
-_BYTE_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
-
-
-def parse_byte_size(text: str) -> int:
-    """`4294967296`, `4GiB`, `4G` (binary, as vLLM's `4G`), `4GB` (decimal) or `1.5GiB` -> bytes; ValueError if not."""
-    match = _BYTE_SIZE.fullmatch(text)
-    unit = match.group(2) if match else ""
-    if match is None or (unit.upper() not in _BYTE_UNITS) or (len(unit) == 1 and unit.islower()):
-        raise ValueError(
-            f"not a byte size: {text!r}; give bytes (4294967296) or a number with KiB/MiB/GiB/TiB, K/M/G/T "
-            "(the same, binary) or KB/MB/GB/TB (decimal)"
-        )
-    return int(float(match.group(1)) * _BYTE_UNITS[unit.upper()])
 
 
 @dataclass
@@ -210,123 +166,18 @@ class CacheConfig:
         parse=parse_byte_size,
     )
     num_gpu_blocks_override: int | None = knob(None, help="KV-cache size in blocks (skips memory sizing).")
-    kv_cache_dtype: str = knob(
+    kv_cache_dtype: KVCacheDtype = knob(
         "auto",
-        help="Storage dtype of the paged KV cache: " + " | ".join(KV_CACHE_DTYPES) + " (auto: the model dtype; "
-        "bfloat16 halves a float32 model's KV bytes per block).",
+        help="Storage dtype of the paged KV cache (auto: the model dtype; bfloat16 halves a float32 model's KV "
+        "bytes per block).",
     )
 
     def __post_init__(self) -> None:
-        _check(
-            self.kv_cache_dtype in KV_CACHE_DTYPES,
-            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
-        )
-        _check(
-            self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
-            f"block_size must be a positive power of two, got {self.block_size}",
-        )
-        _check(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
-        )
-        _check(
-            self.num_gpu_blocks_override is None or self.num_gpu_blocks_override > 0,
-            f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}",
-        )
-        if isinstance(self.kv_cache_memory_bytes, str):  # from a flag's or a JSON file's text
-            try:
-                self.kv_cache_memory_bytes = parse_byte_size(self.kv_cache_memory_bytes)
-            except ValueError as error:
-                raise ConfigError(f"kv_cache_memory_bytes: {error}") from None
-        _check(
-            self.kv_cache_memory_bytes is None
-            or (type(self.kv_cache_memory_bytes) is int and self.kv_cache_memory_bytes > 0),
-            f"kv_cache_memory_bytes must be a positive number of bytes, got {self.kv_cache_memory_bytes!r}",
-        )
+        check_cache_config(self)
 
 
 def _ngram_json(num_speculative_tokens: int) -> str:
     return json.dumps({"method": "ngram", "num_speculative_tokens": num_speculative_tokens})
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """The parsed `speculative_config` knob, with vLLM's field names and defaults.
-
-    `ngram` proposes the tokens that followed the last earlier occurrence of the request's final n tokens
-    (n from prompt_lookup_max down to prompt_lookup_min); `draft_model` runs `model`, a smaller model with the
-    target's vocabulary, for num_speculative_tokens tokens ahead.
-    """
-
-    method: str
-    num_speculative_tokens: int
-    model: str | None = None
-    prompt_lookup_max: int | None = None
-    prompt_lookup_min: int | None = None
-
-    @classmethod
-    def from_json(cls, raw: str | None) -> SpeculativeConfig | None:
-        """None (speculation off) for no config; a ConfigError naming the field for a bad one."""
-        if raw is None:
-            return None
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"speculative_config is not valid JSON ({error}): {raw!r}") from None
-        _check(isinstance(data, dict), f"speculative_config must be a JSON object, got {raw!r}")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        _check(not unknown, f"speculative_config: unknown field(s) {unknown}; the fields are {names}")
-        method = data.get("method") or ("draft_model" if data.get("model") else None)
-        _check(
-            method in SPECULATIVE_METHODS,
-            f"speculative_config.method must be one of {SPECULATIVE_METHODS}, got {data.get('method')!r}",
-        )
-        k = data.get("num_speculative_tokens")
-        _check(
-            isinstance(k, int) and not isinstance(k, bool) and k >= 1,
-            f"speculative_config.num_speculative_tokens must be an integer >= 1, got {k!r}",
-        )
-        lookup_max, lookup_min = data.get("prompt_lookup_max"), data.get("prompt_lookup_min")
-        if method == "ngram":
-            _check(data.get("model") is None, "speculative_config.model is for method draft_model, not ngram")
-            lookup_max, lookup_min = lookup_max or lookup_min or 5, lookup_min or lookup_max or 5
-            _check(
-                isinstance(lookup_min, int) and isinstance(lookup_max, int) and 1 <= lookup_min <= lookup_max,
-                f"speculative_config.prompt_lookup_min ({lookup_min}) must be >= 1 and <= prompt_lookup_max "
-                f"({lookup_max})",
-            )
-        else:
-            _check(
-                isinstance(data.get("model"), str) and bool(data["model"]),
-                "speculative_config.model must name the draft model (an alias, HF directory or hub id)",
-            )
-            _check(
-                lookup_max is None and lookup_min is None,
-                "speculative_config.prompt_lookup_max/min are for method ngram, not draft_model",
-            )
-        return cls(method, k, data.get("model"), lookup_max, lookup_min)
-
-    def check_draft_model(self, target_model: str, max_model_len: int) -> None:
-        """A draft model must share the target's vocabulary and hold max_model_len + its lookahead tokens."""
-        from engine.model_files import load_hf_config, resolve_model
-        from engine.models.arch_config import ArchConfig
-
-        assert self.model is not None
-        draft = ArchConfig.from_hf(load_hf_config(resolve_model(self.model)))
-        target = ArchConfig.from_hf(load_hf_config(resolve_model(target_model)))
-        _check(
-            draft.vocab_size == target.vocab_size,
-            f"speculative_config.model {self.model!r} has a vocabulary of {draft.vocab_size} tokens, the target "
-            f"{target_model!r} {target.vocab_size}: a draft model must share the target's tokenizer",
-        )
-        needed = max_model_len + self.num_speculative_tokens
-        _check(
-            draft.max_model_len >= needed,
-            f"speculative_config.model {self.model!r} has a context length of {draft.max_model_len}, fewer than "
-            f"max_model_len ({max_model_len}) + num_speculative_tokens ({self.num_speculative_tokens}); lower "
-            "max_model_len or use another draft",
-        )
 
 
 @dataclass
@@ -364,22 +215,11 @@ class SchedulerConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...}) passes the dict itself
-            self.speculative_config = json.dumps(self.speculative_config)
-        SpeculativeConfig.from_json(self.speculative_config)  # a bad config fails here, naming its field
-        from engine.structured_output.config import StructuredOutputsConfig
-
+        """The JSON knobs stay JSON text (the flag's form; LLM(...) may pass a dict or the config object);
+        EngineConfig parses them, once."""
+        self.speculative_config = SpeculativeConfig.to_json(self.speculative_config)
         self.structured_outputs_config = StructuredOutputsConfig.to_json(self.structured_outputs_config)
-        StructuredOutputsConfig.from_json(self.structured_outputs_config)  # likewise
-        _check(self.max_num_seqs > 0, f"max_num_seqs must be positive, got {self.max_num_seqs}")
-        _check(
-            self.max_num_batched_tokens > 0,
-            f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}",
-        )
-        _check(
-            self.inject_step_delay_ms >= 0,
-            f"inject_step_delay_ms must be >= 0, got {self.inject_step_delay_ms}",
-        )
+        check_scheduler_config(self)
 
 
 @dataclass
@@ -394,13 +234,7 @@ class ParallelConfig:
     )
 
     def __post_init__(self) -> None:
-        _check(
-            self.tensor_parallel_size > 0,
-            f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}",
-        )
-        _check(
-            self.cpu_threads is None or self.cpu_threads > 0, f"cpu_threads must be positive, got {self.cpu_threads}"
-        )
+        check_parallel_config(self)
 
 
 COMPONENTS: dict[str, type] = {
@@ -411,7 +245,10 @@ COMPONENTS: dict[str, type] = {
 }
 
 
-def _knob_type(annotation: Any) -> type:
+def _knob_type(annotation: Any, choices: tuple[Any, ...] | None) -> type:
+    if choices is not None:
+        (base,) = {type(choice) for choice in choices}
+        return base
     options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     (base,) = options
     return base
@@ -422,17 +259,18 @@ def engine_knobs() -> dict[str, KnobSpec]:
     """Every engine knob by name, in declaration order (model, cache, scheduler, parallel)."""
     specs: dict[str, KnobSpec] = {}
     for component, cls in COMPONENTS.items():
-        hints = typing.get_type_hints(cls)
+        hints, choices = typing.get_type_hints(cls), literal_choices(cls)
         for f in fields(cls):
             specs[f.name] = KnobSpec(
                 name=f.name,
                 component=component,
-                value_type=_knob_type(hints[f.name]),
+                value_type=_knob_type(hints[f.name], choices.get(f.name)),
                 default=None if f.default is MISSING else f.default,
                 help=f.metadata["help"],
                 flag=f.metadata["flag"] or "--" + f.name.replace("_", "-"),
                 search=f.metadata["search"],
                 parse=f.metadata["parse"],
+                choices=choices.get(f.name),
             )
     return specs
 
@@ -454,29 +292,6 @@ def _known_knob_specs(knobs: dict[str, Any]) -> dict[str, KnobSpec]:
     return specs
 
 
-def model_context_length(model: str) -> int:
-    """The model's own context length, from its config.json (ModelNotFoundError when there is no such model)."""
-    from engine.model_files import load_hf_config, resolve_model
-    from engine.models.arch_config import ArchConfig
-
-    return ArchConfig.from_hf(load_hf_config(resolve_model(model))).max_model_len
-
-
-def check_tensor_parallel_size(model: str, tensor_parallel_size: int) -> None:
-    """vLLM's rule: the size divides the attention heads, and divides or is a multiple of the KV heads."""
-    from engine.distributed import valid_tensor_parallel_sizes
-    from engine.model_files import load_hf_config, resolve_model
-    from engine.models.arch_config import ArchConfig
-
-    arch = ArchConfig.from_hf(load_hf_config(resolve_model(model)))
-    valid = valid_tensor_parallel_sizes(arch.num_attention_heads, arch.num_key_value_heads)
-    _check(
-        tensor_parallel_size in valid,
-        f"tensor_parallel_size={tensor_parallel_size} does not split {model}'s {arch.num_attention_heads} attention "
-        f"heads and {arch.num_key_value_heads} KV heads; valid sizes: {', '.join(map(str, valid))}",
-    )
-
-
 @dataclass
 class EngineConfig:
     """The engine's whole configuration. After construction `model_config.max_model_len` is an int.
@@ -495,27 +310,18 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         mc, sc = self.model_config, self.scheduler_config
-        self.speculative_config = SpeculativeConfig.from_json(sc.speculative_config)
-        from engine.structured_output.config import StructuredOutputsConfig
-
+        self.speculative_config = SpeculativeConfig.from_json(sc.speculative_config)  # the one parse of each
         self.structured_outputs_config = StructuredOutputsConfig.from_json(sc.structured_outputs_config)
         if mc.max_model_len is None:
             mc.max_model_len = model_context_length(mc.model)
-        if self.parallel_config.tensor_parallel_size > 1:
-            check_tensor_parallel_size(mc.model, self.parallel_config.tensor_parallel_size)
-        if not sc.enable_chunked_prefill:
-            _check(
-                sc.max_num_batched_tokens >= mc.max_model_len,
-                f"max_num_batched_tokens ({sc.max_num_batched_tokens}) must be >= max_model_len "
-                f"({mc.max_model_len}) when chunked prefill is off; raise it, lower max_model_len, "
-                "or pass --enable-chunked-prefill",
-            )
+        check_engine_config(self)
 
     @classmethod
     def from_kwargs(cls, **knobs: Any) -> EngineConfig:
         """Build from flat vLLM-style keyword knobs (`max_num_seqs=8, dtype="float32", ...`).
 
-        Every knob is validated before the model is looked at; then max_model_len is resolved against it.
+        Every component's knobs are validated before the model is looked at; then max_model_len is resolved
+        against it, and the EngineConfig parses the JSON knobs and checks a draft model against the target.
         """
         specs = _known_knob_specs(knobs)
         parts = {
@@ -530,7 +336,8 @@ class EngineConfig:
             mc.max_model_len <= context_length,
             f"max_model_len={mc.max_model_len} exceeds the model's context length {context_length}",
         )
-        speculative = SpeculativeConfig.from_json(parts["scheduler_config"].speculative_config)
+        config = cls(**parts)
+        speculative = config.speculative_config
         if speculative is not None and speculative.method == "draft_model":
             speculative.check_draft_model(mc.model, mc.max_model_len)
-        return cls(**parts)
+        return config

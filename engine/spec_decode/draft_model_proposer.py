@@ -21,12 +21,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
+from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.model_runner import ModelRunner
 from engine.request import Request
 from engine.sampler import sample_categorical
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.spec_decode.config import SpeculativeConfig
 
 
 @dataclass

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig
 from engine.outputs import SpecDecodingStats
 from engine.request import Request
 from engine.sampler import Sampler, SamplerOutput, SamplingMetadata
 from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram_proposer import NgramProposer
 from engine.spec_decode.rejection_sampler import rejection_sample
 

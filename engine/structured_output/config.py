@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from engine.config import ConfigError
+from engine.config_checks import ConfigError
 from engine.structured_output.params import StructuredOutputsParams
 
 BACKENDS = ("auto", "xgrammar")

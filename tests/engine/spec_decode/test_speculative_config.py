@@ -57,3 +57,13 @@ def test_a_draft_must_share_the_vocabulary_and_hold_the_context(
     with pytest.raises(ConfigError, match=r"context length of 64, fewer than max_model_len \(62\) \+"):
         EngineConfig.from_kwargs(model=small_vocab_models.target, max_model_len=62, speculative_config=too_short)
     EngineConfig.from_kwargs(model=small_vocab_models.target, max_model_len=60, speculative_config=too_short)
+
+
+def test_the_knob_text_from_json_a_dict_or_the_config() -> None:
+    ngram = SpeculativeConfig("ngram", 2, None, 3, 3)
+    assert SpeculativeConfig.from_json(SpeculativeConfig.to_json(ngram)) == ngram
+    assert SpeculativeConfig.to_json({"method": "ngram", "num_speculative_tokens": 2}) == (
+        '{"method": "ngram", "num_speculative_tokens": 2}'
+    )
+    with pytest.raises(ConfigError, match="speculative_config must be JSON text, a dict or a SpeculativeConfig"):
+        SpeculativeConfig.to_json(3)  # type: ignore[arg-type]
