@@ -61,18 +61,25 @@ class LogitsRows:
 
     @classmethod
     def of(cls, scheduled: Sequence[ScheduledRequest]) -> LogitsRows:
-        prompt = tuple(s.num_prompt_logprobs_rows for s in scheduled)
-        sample = tuple(s.num_logits_rows for s in scheduled)
+        # One pass, inlining num_logits_rows (and num_prompt_logprobs_rows only where asked for): this runs every
+        # step for every scheduled request, so it is the scheduler's hot path (engine/benchmarks/scheduler_cost.py).
+        prompt: list[int] = []
+        sample: list[int] = []
         prompt_starts: list[int] = []
         sample_starts: list[int] = []
         num_rows = num_sampling_rows = 0
-        for num_prompt, num_sample in zip(prompt, sample, strict=True):
+        for s in scheduled:
+            num_prompt = 0 if s.request.sampling_params.prompt_logprobs is None else s.num_prompt_logprobs_rows
+            num_sample = 1 + len(s.spec_token_ids) if s.sample else 0
+            prompt.append(num_prompt)
+            sample.append(num_sample)
             prompt_starts.append(num_rows)
             num_rows += num_prompt + num_sample
             if num_sample:
                 sample_starts.append(num_sampling_rows)
                 num_sampling_rows += num_sample
-        return cls(prompt, sample, tuple(prompt_starts), tuple(sample_starts), num_rows, num_sampling_rows)
+        return cls(tuple(prompt), tuple(sample), tuple(prompt_starts), tuple(sample_starts), num_rows,
+                   num_sampling_rows)
 
     @property
     def has_prompt_logprobs(self) -> bool:
