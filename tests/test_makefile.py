@@ -36,8 +36,9 @@ def test_make_test_installs_the_test_extra(tmp_path: Path) -> None:
 
 def test_bench_variables_reach_the_sweep(tmp_path: Path) -> None:
     commands = _dry_run(tmp_path, "bench", "BENCH_CONCURRENCY=2,8", "BENCH_SLO=ttft=500,tpot=80",
-                        "BENCH_DURATION=7", "BENCH_MAX_MODEL_LEN=512", "BENCH_WORKLOAD=sharegpt", "BENCH_DIR=results/x")
+                        "BENCH_DURATION=7", "BENCH_MAX_MODEL_LEN=512", "BENCH_WORKLOAD=sharegpt",
+                        "BENCH_DIR=results/x")
     sweep = " ".join(commands.split("bench sweep", 1)[1].split("\\\n"))
-    for flag in ("--concurrency 2,8", "--slo ttft=500,tpot=80", "--duration 7", "--max-model-len 512", "--workload sharegpt",
-                 "--output-dir results/x"):
+    for flag in ("--concurrency 2,8", "--slo ttft=500,tpot=80", "--duration 7", "--max-model-len 512",
+                 "--workload sharegpt", "--output-dir results/x"):
         assert flag in sweep, flag
