@@ -1,5 +1,5 @@
-"""The example workflow's `bench ab` on real servers of this commit: A/A passes, an injected 40 % TPOT slow-down
-fails (the defaults' measured rates are in docs/GATE.md)."""
+"""The example workflow's `bench compare --gate` on real servers of this commit: A/A passes, an injected 40 % TPOT
+slow-down fails (the defaults' measured rates are in docs/GATE.md)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from reports.gate_study import typical_median_tpot_ms
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _ab(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _ab(out: Path, candidate_knobs: str = "") -> subprocess.CompletedProcess:
     flags = shlex.split(yaml.safe_load((ROOT / "docs" / "gate-github-actions.yml").read_text())["env"]["AB_FLAGS"])
-    command = [sys.executable, str(ROOT / "cli.py"), "ab", "--baseline-ref", "HEAD", "--candidate-ref", "HEAD",
-               *flags, "--output-dir", str(out), *extra]
+    command = [sys.executable, str(ROOT / "cli.py"), "compare", "--target", "baseline=ref:HEAD",
+               "--target", f"candidate=ref:HEAD{candidate_knobs}", *flags, "--gate", "--output-dir", str(out)]
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 
@@ -34,6 +34,6 @@ def test_workflow_gate_passes_identical_code_and_fails_a_40_percent_slowdown(tmp
         same = _ab(aa_dir)
     assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
     delay_ms = 0.4 * typical_median_tpot_ms([aa_dir / "baseline"])
-    slower = _ab(tmp_path / "slow", "--candidate-args", f"--inject-step-delay-ms {delay_ms:.3f}")
+    slower = _ab(tmp_path / "slow", f":inject_step_delay_ms={delay_ms:.3f}")
     assert slower.returncode == 1, slower.stdout[-3000:] + slower.stderr[-3000:]
     assert "tpot_p50" in slower.stdout and "❌ regression" in slower.stdout
