@@ -103,6 +103,28 @@ class KnobSpec:
             return [self.flags[0] if value else self.flags[1]]
         return [self.flag, str(value)]
 
+    def parse_text(self, text: str) -> Any:
+        """A value as a command line spells it ('int8', '8', 'true') -> the knob's value; a ValueError says what the
+        knob takes. The one parser behind `--vary KNOB=...` and `bench compare --target NAME=engine:KNOB=...`."""
+        if self.parse is not None:
+            return self.parse(text)
+        if self.choices is not None:
+            matching = [choice for choice in self.choices if str(choice) == text]
+            if not matching:
+                raise ValueError(f"{text!r} is not one of {', '.join(map(str, self.choices))}")
+            return matching[0]
+        if self.value_type is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"takes true or false, got {text!r}")
+            return text.lower() == "true"
+        if self.value_type in (int, float):
+            try:
+                return self.value_type(text)
+            except ValueError:
+                expected = "an integer" if self.value_type is int else "a number"
+                raise ValueError(f"{text!r} is not {expected}") from None
+        return text
+
 
 @dataclass
 class ModelConfig:

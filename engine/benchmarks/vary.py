@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -85,24 +84,10 @@ def _depth_value(item: str) -> int:
 def _knob_value(spec: KnobSpec, item: str) -> Any:
     if item == DEFAULT_VALUE:
         return None
-    kind = spec.value_type
-    if typing.get_origin(kind) is typing.Literal:
-        choices = typing.get_args(kind)
-        matching = [choice for choice in choices if str(choice) == item]
-        if not matching:
-            raise VaryError(f"--vary {spec.name}: {item!r} is not one of {', '.join(map(str, choices))}")
-        return matching[0]
-    if kind is bool:
-        if item.lower() not in ("true", "false"):
-            raise VaryError(f"--vary {spec.name}: values are true or false, got {item!r}")
-        return item.lower() == "true"
-    if kind in (int, float):
-        try:
-            return kind(item)
-        except ValueError:
-            expected = "an integer" if kind is int else "a number"
-            raise VaryError(f"--vary {spec.name}: {item!r} is not {expected}") from None
-    return item
+    try:
+        return spec.parse_text(item)
+    except ValueError as e:
+        raise VaryError(f"--vary {spec.name}: {e}") from None
 
 
 def parse_varies(texts: Sequence[str], set_knobs: Mapping[str, Any]) -> list[Vary]:

@@ -21,7 +21,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -104,26 +103,10 @@ def parse_knobs(text: str, target: str) -> dict[str, Any]:
 
 
 def knob_value(spec: KnobSpec, text: str, target: str) -> Any:
-    kind = spec.value_type
-    if spec.parse is not None:
-        try:
-            return spec.parse(text)
-        except ValueError as e:
-            raise TargetError(f"target {target}: {spec.name}={text}: {e}") from None
-    if typing.get_origin(kind) is typing.Literal:
-        choices = typing.get_args(kind)
-        matching = [choice for choice in choices if str(choice) == text]
-        if not matching:
-            raise TargetError(f"target {target}: {spec.name}={text} is not one of {', '.join(map(str, choices))}")
-        return matching[0]
-    if kind is bool:
-        if text.lower() not in ("true", "false"):
-            raise TargetError(f"target {target}: {spec.name} takes true or false, got {text!r}")
-        return text.lower() == "true"
     try:
-        return kind(text)
-    except (TypeError, ValueError):
-        raise TargetError(f"target {target}: {spec.name} takes a {kind.__name__}, got {text!r}") from None
+        return spec.parse_text(text)
+    except ValueError as e:
+        raise TargetError(f"target {target}: {spec.name}={text}: {e}") from None
 
 
 def parse_target(text: str) -> Target:

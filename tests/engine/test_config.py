@@ -167,3 +167,18 @@ def test_knob_args_use_the_declared_flags() -> None:
 def test_fp8_kv_cache_is_refused_on_a_config_built_directly() -> None:
     with pytest.raises(ConfigError, match=r"kv_cache_dtype must be one of \('auto', 'bfloat16'\), got 'fp8'"):
         EngineConfig(ModelConfig(device="cpu", max_model_len=64), CacheConfig(kv_cache_dtype="fp8"))
+
+
+def test_knob_parse_text_reads_each_kind_and_says_what_a_knob_takes() -> None:
+    specs = engine_knobs()
+    assert specs["quantization"].parse_text("int8") == "int8"
+    assert specs["max_num_seqs"].parse_text("8") == 8 and specs["gpu_memory_utilization"].parse_text("0.5") == 0.5
+    assert specs["enable_prefix_caching"].parse_text("False") is False
+    for name, text, message in [
+        ("quantization", "fp8", "'fp8' is not one of none, int8, int4"),
+        ("max_num_seqs", "8.5", "'8.5' is not an integer"),
+        ("gpu_memory_utilization", "half", "'half' is not a number"),
+        ("enable_prefix_caching", "yes", "takes true or false, got 'yes'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            specs[name].parse_text(text)

@@ -32,7 +32,7 @@ def test_each_kind_parses() -> None:
         ("a=docker:x", "unknown spec"),
         ("a=engine:max_num_seqs", "KNOB=V"),
         ("a=engine:no_such_knob=1", "not an engine knob"),
-        ("a=engine:max_num_seqs=eight", "takes a int"),
+        ("a=engine:max_num_seqs=eight", "'eight' is not an integer"),
         ("a=engine:max_num_seqs=1,max_num_seqs=2", "given twice"),
         ("a=engine:model=tiny-random", "same --model"),
         ("a=ref:", "needs a value"),
