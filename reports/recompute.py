@@ -23,15 +23,17 @@ from sweep.point.benchmark_metrics import (
     is_good,
     percentile_name,
     queue_inclusive_applies,
+    request_itl_p99,
+    request_max_stall,
     request_tpot,
 )
 from sweep.point.benchmark_metrics import (
-    parse_slo as parse_slo,  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
+    parse_slo as parse_slo,  # re-exported: `ttft=MS,tpot=MS,...` -> {"ttft_ms": ...}
 )
 from sweep.point.benchmark_metrics import ttft_decomposition as record_ttft_decomposition
 from sweep.point.records import RequestRecord
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "max_stall")  # the gate's; itl: pooled gaps, max_stall: per request
 percentile_key = percentile_name
 
 
@@ -118,7 +120,8 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
 
 
 def request_latencies(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per-request TTFT / TPOT / E2EL in ms, NaN for failures (TPOT NaN for outputs of <= 1 token)."""
+    """Per-request TTFT / TPOT / E2EL and own p99 chunk gap / longest chunk gap (`itl_p99_ms`, `max_stall_ms`) in ms;
+    NaN for failures (TPOT NaN for outputs of <= 1 token, the gap columns for outputs of <= 1 chunk)."""
     records = records_from_rows(rows)
     nan = float("nan")
     frame = pd.DataFrame(
@@ -126,6 +129,8 @@ def request_latencies(rows: pd.DataFrame) -> pd.DataFrame:
             "ttft_ms": [r.ttft * 1000.0 if r.success and r.ttft is not None else nan for r in records],
             "tpot_ms": [t * 1000.0 if (t := request_tpot(r)) is not None else nan for r in records],
             "e2el_ms": [r.e2el * 1000.0 if r.success and r.e2el is not None else nan for r in records],
+            "itl_p99_ms": [g * 1000.0 if (g := request_itl_p99(r)) is not None else nan for r in records],
+            "max_stall_ms": [g * 1000.0 if (g := request_max_stall(r)) is not None else nan for r in records],
             "output_tokens": [r.output_tokens or 0 for r in records],
             "success": [r.success for r in records],
         },

@@ -9,7 +9,10 @@
 - Statistics: numpy mean / median / population std / linear-interpolated percentiles; empty lists give 0.
 - Goodput (vLLM `--goodput`): a request is good iff it succeeded and every given SLO holds
   (`slo_ms / 1000 >= value`; requests with <= 1 output token have TPOT 0 and pass it); with `valid=1` a
-  structured output that did not parse and validate is a miss too.
+  structured output that did not parse and validate is a miss too. Beyond vLLM, two per-token SLOs on each
+  request's own chunk gaps (first token -> second included, TTFT not): `itl_p99` (the request's p99 gap,
+  linear-interpolated as numpy) and `max_stall` (its longest gap, what a chat user sees as a freeze); a request
+  with <= 1 output chunk has no gap and passes both, as with TPOT.
   `request_goodput` = good / duration; `slo_attainment` = good / (completed + failed), so failures are misses
   (DistServe's attainment; AIPerf's `good_request_fraction`).
 
@@ -25,6 +28,8 @@ in `slo_attainment`'s denominator.
 Additions beyond vLLM (all optional fields of the results contract):
 - `valid_output_fraction`: of the completed requests that asked for a structured output, the share whose output
   parsed and validated (workloads/structured.py); absent when no request asked for one.
+- `max_stall` statistics (`mean_max_stall_ms`, `p99_max_stall_ms`, ...): the distribution over successful
+  requests with 2+ chunks of each one's longest chunk gap.
 - TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
   `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
   detokenisation and client).
@@ -39,9 +44,10 @@ import numpy as np
 
 from sweep.point.records import RequestRecord
 
-SLO_KEYS = ("ttft", "tpot", "e2el")
+SLO_KEYS = ("ttft", "tpot", "e2el", "itl_p99", "max_stall")
 VALID_SLO_KEY = "valid"  # `valid=1`: a structured output that did not parse and validate misses the SLO
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+SLO_SYNTAX = "ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS"  # for help texts: every latency SLO key
 
 # Our (vLLM's) names -> the nearest quantity in AIPerf and GuideLLM. Never compare across tools by name alone:
 # GuideLLM's "time_per_output_token_ms" includes the first token, and AIPerf's "inter_token_latency" is our TPOT.
@@ -80,7 +86,7 @@ def parse_slo(text: str | None) -> dict[str, float] | None:
                 slo[VALID_SLO_KEY] = 1.0
             continue
         if not sep or key not in SLO_KEYS:
-            raise ValueError(f"bad SLO item {item!r}: use ttft=MS,tpot=MS,e2el=MS,valid=1 (any subset)")
+            raise ValueError(f"bad SLO item {item!r}: use {SLO_SYNTAX},valid=1 (any subset)")
         try:
             ms = float(value)
         except ValueError:
@@ -110,12 +116,29 @@ def request_tpot(record: RequestRecord) -> float | None:
     return (record.e2el - record.ttft) / (record.output_tokens - 1)  # type: ignore[operator]
 
 
+def request_itl_p99(record: RequestRecord) -> float | None:
+    """The request's own p99 chunk gap in seconds (numpy's linear interpolation); None with fewer than 2 chunks."""
+    gaps = record.itl if record.success else []
+    return float(np.percentile(gaps, 99)) if gaps else None
+
+
+def request_max_stall(record: RequestRecord) -> float | None:
+    """The request's longest gap between consecutive chunks in seconds (TTFT excluded); None with < 2 chunks."""
+    gaps = record.itl if record.success else []
+    return max(gaps) if gaps else None
+
+
 def is_good(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """Succeeded and meets every limit of `slo` (ms); a request with no TPOT or no chunk gap passes those."""
     if not record.success:
         return False
     if slo.get(VALID_SLO_KEY) and record.output_valid is False:
         return False
     values = {"ttft_ms": record.ttft, "tpot_ms": request_tpot(record) or 0.0, "e2el_ms": record.e2el}
+    if "itl_p99_ms" in slo:
+        values["itl_p99_ms"] = request_itl_p99(record) or 0.0
+    if "max_stall_ms" in slo:
+        values["max_stall_ms"] = request_max_stall(record) or 0.0
     return all(limit / 1000.0 >= values[key] for key, limit in slo.items() if key != VALID_SLO_KEY)
 
 
@@ -205,6 +228,7 @@ def calculate_metrics(
                 "tpot": tpots,
                 "itl": [gap for r in ok for gap in r.itl],
                 "e2el": [r.e2el for r in ok],  # type: ignore[misc]
+                "max_stall": [s for s in (request_max_stall(r) for r in ok) if s is not None],
             },
             percentiles,
         )

@@ -84,7 +84,9 @@ def best_commands(study: Any, model: str, launch_command: str | None) -> list[di
 def tune(
     ctx: typer.Context,
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
-    slo: str = shared_option("slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
+    slo: str = shared_option(
+        "slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el, itl_p99, max_stall)."
+    ),
     attainment: float = shared_option("attainment", help="Fraction of requests that must meet the SLO."),
     objective: str = typer.Option("max-load", help="max-load | goodput | pareto | cost (needs --cost-per-hour)."),
     n_trials: int | None = typer.Option(None, help="Finished trials the study should hold, all workers together "
@@ -172,7 +174,7 @@ def tune(
     try:
         slo_ms = parse_slo(slo)
         if not slo_ms:
-            raise ValueError("--slo needs at least one of ttft, tpot, e2el")
+            raise ValueError("--slo needs at least one of ttft, tpot, e2el, itl_p99, max_stall")
         if concurrency is not None and request_rate is not None:
             raise ValueError("give --concurrency or --request-rate, not both")
         if trial_timeout < 0:
