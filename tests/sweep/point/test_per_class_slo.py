@@ -146,3 +146,29 @@ def test_tune_refuses_an_unknown_class_before_any_trial(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*base, "--slo", "fixed:ttft=500;random:e2el=100", "--objective", "cost"])
     assert result.exit_code == 2 and "needs --cost-per-hour" in result.output  # accepted: the next check speaks
     assert not (tmp_path / "out").exists()
+
+
+def test_a_simulated_point_carries_the_classes_too(tmp_path: Path) -> None:
+    from sweep.simulate.simulation import load_profile
+    from sweep.tune.backend import TrialWorkload
+    from sweep.tune.objective import Infeasible
+    from sweep.tune.simulate_first import SimulatedBackend
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({
+        "kind": "servelab-step-profile", "knobs": {"model": "tiny-random"}, "kv_cache": {"tokens": 4096},
+        "cost_model": {"coefficients": {"overhead": 0.01, "tokens": 0.001}},
+    }))  # fmt: skip
+    trace = tmp_path / "classed.csv"
+    trace.write_text("input_len,output_len,class\n" + "".join(f"12,4,{c}\n" for c in ["interactive", "batch"] * 2))
+    workload = TrialWorkload(model="tiny-random", workload=str(trace), num_prompts=4,
+                             slo=parse_slo("interactive:ttft=60000;batch:e2el=0"))  # fmt: skip
+    with SimulatedBackend(load_profile(profile), workload).launch({"max_num_seqs": 2, "max_model_len": 128},
+                                                                  tmp_path / "t0") as for_repeat:
+        point = for_repeat(0)(2)
+    assert point["slo_attainment"] == 0.5
+    assert {name: c["slo_attainment"] for name, c in point["classes"].items()} == {"interactive": 1.0, "batch": 0.0}
+    bad = TrialWorkload(model="tiny-random", workload=str(trace), num_prompts=4, slo=parse_slo("chat:ttft=5"))
+    with pytest.raises(Infeasible, match=r"unknown class\(es\) \['chat'\]"):  # the Simulator's ValueError
+        with SimulatedBackend(load_profile(profile), bad).launch({"max_num_seqs": 2}, tmp_path / "t1") as for_repeat:
+            for_repeat(0)(2)
