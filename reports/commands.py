@@ -29,7 +29,7 @@ def report(
     ),
     slo: str | None = typer.Option(
         None, help="Re-evaluate goodput under this SLO (ms), any subset: "
-        "ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS. "
+        "ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS; per request class as for bench sweep. "
         "Default: the first run's own SLO."
     ),
     out: Path | None = typer.Option(None, help="Output directory (default: <first run>/report)."),
