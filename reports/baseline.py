@@ -76,7 +76,8 @@ def blessed_point_stats(run: RunData) -> dict[str, dict[str, float]]:
     out = {}
     for label in run.points["label"]:
         latencies = request_latencies(run.point_requests(label))
-        columns = {name: latencies[f"{name}_ms"].to_numpy(dtype=float) for name in ("ttft", "tpot", "e2el")}
+        names = ("ttft", "tpot", "e2el", "max_stall")
+        columns = {name: latencies[f"{name}_ms"].to_numpy(dtype=float) for name in names}
         out[label] = point_stats(columns)
     return out
 

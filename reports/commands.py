@@ -28,7 +28,8 @@ def report(
         "or GuideLLM JSON reports; several overlay for A/B."
     ),
     slo: str | None = typer.Option(
-        None, help="Re-evaluate goodput under this SLO (ms), any subset: ttft=MS,tpot=MS,e2el=MS. "
+        None, help="Re-evaluate goodput under this SLO (ms), any subset: "
+        "ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS; per request class as for bench sweep. "
         "Default: the first run's own SLO."
     ),
     out: Path | None = typer.Option(None, help="Output directory (default: <first run>/report)."),
@@ -85,7 +86,8 @@ def gate(
         False, "--update-baseline", help="Bless --candidate into --baseline-store (records its config) and exit."
     ),
     metric: str = typer.Option(
-        "ttft_p90,tpot_p50,failure_rate", help="Comma-separated <ttft|tpot|itl|e2el>_<mean|median|pNN> or failure_rate."
+        "ttft_p90,tpot_p50,failure_rate", help="Comma-separated <ttft|tpot|itl|e2el|max_stall>_<mean|median|pNN> or "
+        "failure_rate (itl: pooled chunk gaps; max_stall: each request's longest gap)."
     ),
     max_regression: str = typer.Option("5%", help="Fail only above this relative slow-down, e.g. 5% or 0.05."),
     max_failure_increase: str = typer.Option(

@@ -82,10 +82,11 @@ class GateResult:
 
 def parse_metric(spec: str) -> tuple[str, str | float]:
     """`ttft_p90` -> ("ttft", 90.0); `tpot_p99.9`; `e2el_median` -> 50.0; `itl_mean` -> "mean";
+    `max_stall_p99` -> ("max_stall", 99.0) (each request's longest chunk gap);
     `failure_rate` -> ("failure_rate", "rate")."""
     if spec.strip().lower() == FAILURE_RATE:
         return FAILURE_RATE, "rate"
-    match = re.fullmatch(r"(ttft|tpot|itl|e2el)_(mean|median|p\d+(?:\.\d+)?)", spec.strip().lower())
+    match = re.fullmatch(rf"({'|'.join(LATENCY_METRICS)})_(mean|median|p\d+(?:\.\d+)?)", spec.strip().lower())
     if not match:
         raise GateInputError(
             f"unknown gate metric {spec!r}: use <{'|'.join(LATENCY_METRICS)}>_<mean|median|pNN> (e.g. tpot_p50) "
@@ -113,7 +114,8 @@ def parse_threshold(text: str) -> float:
 
 
 def metric_samples(run: RunData, label: str, names: set[str]) -> dict[str, np.ndarray]:
-    """Per-request values in ms (successful requests; TPOT only for outputs of 2+ tokens; ITL pooled gaps)."""
+    """Per-request values in ms (successful requests; TPOT only for outputs of 2+ tokens, MAX_STALL of 2+ chunks;
+    ITL pooled gaps)."""
     rows = run.point_requests(label)
     samples = {}
     if names - {"itl"}:

@@ -16,22 +16,26 @@ import numpy as np
 import pandas as pd
 
 from sweep.point.benchmark_metrics import (
+    CLASS_SEP,
     DEFAULT_PERCENTILES,
     SLO_KEYS,
     VALID_SLO_KEY,
     calculate_metrics,
+    class_metrics,
     is_good,
     percentile_name,
     queue_inclusive_applies,
+    request_itl_p99,
+    request_max_stall,
     request_tpot,
 )
 from sweep.point.benchmark_metrics import (
-    parse_slo as parse_slo,  # re-exported: `ttft=MS,tpot=MS,e2el=MS` -> {"ttft_ms": ...}
+    parse_slo as parse_slo,  # re-exported: `ttft=MS,tpot=MS,...` -> {"ttft_ms": ...}
 )
 from sweep.point.benchmark_metrics import ttft_decomposition as record_ttft_decomposition
 from sweep.point.records import RequestRecord
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "max_stall")  # the gate's; itl: pooled gaps, max_stall: per request
 percentile_key = percentile_name
 
 
@@ -40,34 +44,41 @@ class SLOError(ValueError):
 
 
 def normalize_slo(slo: Mapping[str, float] | None) -> dict[str, float] | None:
-    """Accept `{"ttft": 200}` or `{"ttft_ms": 200}` (ms); drop None values; None when empty."""
+    """Accept `{"ttft": 200}` or `{"ttft_ms": 200}` (ms), and per-class limits as `{"interactive:ttft_ms": 200}`;
+    drop None values; None when empty."""
     if not slo:
         return None
     out: dict[str, float] = {}
     for key, value in slo.items():
-        name = str(key).lower().removesuffix("_ms")
+        request_class, sep, metric = str(key).rpartition(CLASS_SEP)
+        prefix = f"{request_class}{sep}"
+        name = metric.lower().removesuffix("_ms")
         if name == VALID_SLO_KEY:
             if value not in (None, 0, 1):
                 raise SLOError(f"SLO valid must be 1 (structured outputs must validate) or 0, got {value!r}")
             if value:
-                out[VALID_SLO_KEY] = 1.0
+                out[f"{prefix}{VALID_SLO_KEY}"] = 1.0
             continue
         if name not in SLO_KEYS:
             raise SLOError(f"unknown SLO metric {key!r}: expected one of {', '.join(SLO_KEYS)}")
         if value is not None:
             if not math.isfinite(float(value)) or float(value) < 0:
                 raise SLOError(f"SLO {name} must be a finite number of ms >= 0, got {value!r}")
-            out[f"{name}_ms"] = float(value)
+            out[f"{prefix}{name}_ms"] = float(value)
     return out or None
 
 
 def format_slo(slo: Mapping[str, float] | None) -> str:
+    """`TTFT <= 500 ms, TPOT <= 50 ms`; per-class limits follow as `; batch: E2EL <= 20000 ms`."""
     if not slo:
         return "none"
-    return ", ".join(
-        "valid structured output" if k == VALID_SLO_KEY else f"{k.removesuffix('_ms').upper()} <= {v:g} ms"
-        for k, v in slo.items()
-    )
+    groups: dict[str, list[str]] = {}
+    for key, value in slo.items():
+        request_class, _, metric = key.rpartition(CLASS_SEP)
+        limit = f"{metric.removesuffix('_ms').upper()} <= {value:g} ms"
+        text = "valid structured output" if metric == VALID_SLO_KEY else limit
+        groups.setdefault(request_class, []).append(text)
+    return "; ".join(f"{name}: {', '.join(items)}" if name else ", ".join(items) for name, items in groups.items())
 
 
 def _scalar(value: Any) -> Any:
@@ -112,13 +123,15 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
                 client_output_tokens=_int(row.get("client_output_tokens")),
                 server_timing=row.get("server_timing") if isinstance(row.get("server_timing"), dict) else None,
                 output_valid=None if (valid := _scalar(row.get("output_valid"))) is None else bool(valid),
+                request_class=None if (cls := _scalar(row.get("request_class"))) is None else str(cls),
             )
         )
     return records
 
 
 def request_latencies(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per-request TTFT / TPOT / E2EL in ms, NaN for failures (TPOT NaN for outputs of <= 1 token)."""
+    """Per-request TTFT / TPOT / E2EL and own p99 chunk gap / longest chunk gap (`itl_p99_ms`, `max_stall_ms`) in ms;
+    NaN for failures (TPOT NaN for outputs of <= 1 token, the gap columns for outputs of <= 1 chunk)."""
     records = records_from_rows(rows)
     nan = float("nan")
     frame = pd.DataFrame(
@@ -126,6 +139,8 @@ def request_latencies(rows: pd.DataFrame) -> pd.DataFrame:
             "ttft_ms": [r.ttft * 1000.0 if r.success and r.ttft is not None else nan for r in records],
             "tpot_ms": [t * 1000.0 if (t := request_tpot(r)) is not None else nan for r in records],
             "e2el_ms": [r.e2el * 1000.0 if r.success and r.e2el is not None else nan for r in records],
+            "itl_p99_ms": [g * 1000.0 if (g := request_itl_p99(r)) is not None else nan for r in records],
+            "max_stall_ms": [g * 1000.0 if (g := request_max_stall(r)) is not None else nan for r in records],
             "output_tokens": [r.output_tokens or 0 for r in records],
             "success": [r.success for r in records],
         },
@@ -183,6 +198,14 @@ def with_slo(points: pd.DataFrame, requests: pd.DataFrame, slo: Mapping[str, flo
     values = [goodput(groups.get(p["label"], empty), float(p["duration"]), slo) for _, p in points.iterrows()]
     points["request_goodput"] = [g for g, _ in values]
     points["slo_attainment"] = [a for _, a in values]
+    classes = [
+        class_metrics(records_from_rows(groups.get(p["label"], empty)), float(p["duration"]), slo)
+        for _, p in points.iterrows()
+    ]
+    if any(classes):  # per-class figures under this SLO (requests carry classes, or the SLO names some)
+        points["classes"] = [c or None for c in classes]
+    elif "classes" in points:
+        points = points.drop(columns=["classes"])
     return points
 
 

@@ -32,9 +32,18 @@ def point_table(run: RunData) -> pd.DataFrame:
         table["E2EL incl. queue p90 ms"] = values
     if "median_itl_ms" in pts:
         table["ITL p50 ms"] = pd.to_numeric(pts["median_itl_ms"], errors="coerce").to_numpy()
+    top = percentile_key(max(run.percentiles))
+    if f"{top}_max_stall_ms" in pts:  # each request's longest chunk gap: the tail of its distribution
+        table[f"max stall {top} ms"] = pd.to_numeric(pts[f"{top}_max_stall_ms"], errors="coerce").to_numpy()
     if "request_goodput" in pts and pts["request_goodput"].notna().any():
         table["goodput req/s"] = pd.to_numeric(pts["request_goodput"], errors="coerce").to_numpy()
         table["SLO attainment"] = pd.to_numeric(pts["slo_attainment"], errors="coerce").to_numpy()
+    if "classes" in pts:  # per-class SLOs: each class's attainment under its own SLO
+        per_point = [c if isinstance(c, dict) else {} for c in pts["classes"]]
+        for name in dict.fromkeys(name for classes in per_point for name in classes):
+            table[f"attainment {name}"] = [
+                float("nan") if (a := c.get(name, {}).get("slo_attainment")) is None else a for c in per_point
+            ]
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
         table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table

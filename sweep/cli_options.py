@@ -61,7 +61,9 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
         "clip", "How requests longer than --max-model-len are fitted: clip | drop | rescale.", WORKLOAD_PANEL
     ),
     "slo": OptionSpec(
-        None, "SLO, any subset: ttft=MS,tpot=MS,e2el=MS,valid=1 (valid=1: an invalid structured output misses).",
+        None, "SLO, any subset: ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS,valid=1 (itl_p99: each request's "
+        "p99 chunk gap; max_stall: its longest; valid=1: an invalid structured output misses). Per request class: "
+        "'CLASS:items;CLASS:items', plain items apply to every class (docs/SWEEP.md).",
         SLO_PANEL,
     ),
     "percentiles": OptionSpec("50,90,99", "Percentiles to report.", SLO_PANEL),

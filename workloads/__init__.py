@@ -29,6 +29,8 @@ shortest possible prompt, and its extra["requested_input_len"] keeps the spec's 
 Sampling a mix: num_requests=None returns every row in trace order (a quantile table: one request per level).
 num_requests <= rows draws a seeded random subset without replacement, kept in trace order (a thinned trace:
 same burst shape, rate scaled by n/rows); num_requests > rows draws with replacement, also in trace order.
+Request classes (per-class SLOs): a generic CSV/JSONL trace's `class` column, else a mixture component's name
+(its file stem for a path), in RequestSpec.request_class.
 Multi-turn conversation files (ShareGPT, LMSYS-Chat-1M, OpenAI messages) for session workloads: workloads.conversations.
 Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
@@ -170,14 +172,15 @@ def load_texts(name: str, *, num_requests: int, seed: int = 0, output_len: int =
 
 
 def _mixture(spec: str, num_requests: int, seed: int) -> list[RequestSpec]:
-    components = []
+    components, names = [], []
     for part in spec.split(","):
         name, _, weight = part.partition("=")
         try:
             components.append((load(name.strip(), seed=seed), float(weight) if weight else 1.0))
         except ValueError as error:
             raise ValueError(f"mixture component {part!r}: {error}") from None
-    return synthetic.mixture(components, num_requests, seed)
+        names.append(Path(name.strip()).stem if Path(name.strip()).expanduser().is_file() else name.strip())
+    return synthetic.mixture(components, num_requests, seed, names)
 
 
 def load(

@@ -25,6 +25,7 @@ MOONCAKE_BLOCK_SIZE = 512
 INPUT_ALIASES = ("input_len", "input_length", "prompt_len", "num_prefill_tokens", "ContextTokens", "input_tokens")
 OUTPUT_ALIASES = ("output_len", "output_length", "num_decode_tokens", "GeneratedTokens", "output_tokens")
 TIMESTAMP_ALIASES = ("timestamp", "arrival_time", "arrived_at")
+CLASS_ALIASES = ("class", "request_class", "slo_class")  # optional: the request's class for per-class SLOs
 _AZURE_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -232,8 +233,8 @@ def _pick(columns: list[str], aliases: tuple[str, ...]) -> str | None:
 
 
 def load_table(path: str | Path, timestamp_unit_s: float = 1.0) -> list[RequestSpec]:
-    """Generic CSV or JSONL with input_len / output_len (or a known alias) and optional timestamp (seconds unless
-    timestamp_unit_s says otherwise) and, in JSONL, hash_ids."""
+    """Generic CSV or JSONL with input_len / output_len (or a known alias), optional timestamp (seconds unless
+    timestamp_unit_s says otherwise), optional class (CLASS_ALIASES; empty: none) and, in JSONL, hash_ids."""
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         records: Iterator[tuple[int, int | None, dict]] = ((row, None, rec) for row, rec in _jsonl_records(path))
@@ -253,6 +254,12 @@ def load_table(path: str | Path, timestamp_unit_s: float = 1.0) -> list[RequestS
                 line,
             )
         timestamp_key = _pick(keys, TIMESTAMP_ALIASES)
+        class_key = _pick(keys, CLASS_ALIASES)
+        request_class = None if class_key is None or record[class_key] in ("", None) else str(record[class_key])
+        if request_class is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", request_class):
+            raise WorkloadFormatError(
+                path, row, f"{class_key} is {request_class!r}: a class is letters, digits, '_', '.' or '-'", line
+            )
         has_time = timestamp_key is not None and record[timestamp_key] not in ("", None)
         if specs and has_time != (specs[0].timestamp is not None):
             raise WorkloadFormatError(path, row, "timestamp present on some rows and missing on others", line)
@@ -264,6 +271,7 @@ def load_table(path: str | Path, timestamp_unit_s: float = 1.0) -> list[RequestS
                 if has_time and timestamp_key
                 else None,
                 prefix_ids=_hash_ids(record["hash_ids"], path, row) if "hash_ids" in record else None,
+                request_class=request_class,
             )
         )
         rows.append(row)

@@ -22,6 +22,7 @@ class RequestSpec:
     schema: dict | None = None  # JSON schema (structured-output workload)
     prefix_len: int | None = None  # tokens of the group's shared prefix (with prefix_group)
     prefix_block_size: int | None = None  # tokens per hash id in the source (Mooncake: 512)
+    request_class: str | None = None  # e.g. "interactive" / "batch": a trace's class field, a mixture's component
 
 
 @dataclass
@@ -73,6 +74,7 @@ class SynthesizedPrompt:
     schema: dict | None = None
     prefix_group: int | None = None
     extra: dict = field(default_factory=dict)
+    request_class: str | None = None
 
 
 class WorkloadFormatError(ValueError):

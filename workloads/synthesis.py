@@ -219,6 +219,7 @@ def synthesize(
             timestamp=spec.timestamp,
             schema=spec.schema,
             prefix_group=spec.prefix_group,
+            request_class=spec.request_class,
             extra={"salt": salt} | ({"requested_input_len": spec.input_len} if target != spec.input_len else {}),
         )
         for spec, target, (prompt, messages) in zip(specs, targets, rendered, strict=True)

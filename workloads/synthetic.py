@@ -89,9 +89,13 @@ def lognormal(
 
 
 def mixture(
-    components: Sequence[tuple[Sequence[RequestSpec], float]], num_requests: int, seed: int = 0
+    components: Sequence[tuple[Sequence[RequestSpec], float]],
+    num_requests: int,
+    seed: int = 0,
+    names: Sequence[str] | None = None,
 ) -> list[RequestSpec]:
-    """Each request drawn from one component (chosen by weight), then uniformly within it; timestamps dropped."""
+    """Each request drawn from one component (chosen by weight), then uniformly within it; timestamps dropped.
+    A request keeps its own class; one without takes its component's name from `names`, if given."""
     if not components:
         raise ValueError("a mixture needs at least one component")
     weights = np.array([weight for _, weight in components], dtype=np.float64)
@@ -105,5 +109,7 @@ def mixture(
     for component in choices:
         specs = components[component][0]
         spec = specs[int(rng.integers(len(specs)))]
-        result.append(RequestSpec(input_len=spec.input_len, output_len=spec.output_len, schema=spec.schema))
+        request_class = spec.request_class or (names[component] if names is not None else None)
+        result.append(RequestSpec(input_len=spec.input_len, output_len=spec.output_len, schema=spec.schema,
+                                  request_class=request_class))  # fmt: skip
     return result

@@ -9,7 +9,10 @@
 - Statistics: numpy mean / median / population std / linear-interpolated percentiles; empty lists give 0.
 - Goodput (vLLM `--goodput`): a request is good iff it succeeded and every given SLO holds
   (`slo_ms / 1000 >= value`; requests with <= 1 output token have TPOT 0 and pass it); with `valid=1` a
-  structured output that did not parse and validate is a miss too.
+  structured output that did not parse and validate is a miss too. Beyond vLLM, two per-token SLOs on each
+  request's own chunk gaps (first token -> second included, TTFT not): `itl_p99` (the request's p99 gap,
+  linear-interpolated as numpy) and `max_stall` (its longest gap, what a chat user sees as a freeze); a request
+  with <= 1 output chunk has no gap and passes both, as with TPOT.
   `request_goodput` = good / duration; `slo_attainment` = good / (completed + failed), so failures are misses
   (DistServe's attainment; AIPerf's `good_request_fraction`).
 
@@ -25,6 +28,12 @@ in `slo_attainment`'s denominator.
 Additions beyond vLLM (all optional fields of the results contract):
 - `valid_output_fraction`: of the completed requests that asked for a structured output, the share whose output
   parsed and validated (workloads/structured.py); absent when no request asked for one.
+- `max_stall` statistics (`mean_max_stall_ms`, `p99_max_stall_ms`, ...): the distribution over successful
+  requests with 2+ chunks of each one's longest chunk gap.
+- Per-class SLOs: a request may carry a class (`RequestRecord.request_class`, from the workload); an SLO may give
+  each class its own limits (`parse_slo`), and with an SLO the point carries `classes`: per class, `requests`,
+  `completed`, `request_goodput` and `slo_attainment`. The overall figures count a request good iff it meets its
+  own class's SLO.
 - TTFT decomposition from the server's `servelab` timing: `queue_ms` (arrival -> first scheduled),
   `prefill_ms` (first scheduled -> first token) and `ttft_rest_ms` (TTFT minus both: network, HTTP,
   detokenisation and client).
@@ -33,15 +42,19 @@ Additions beyond vLLM (all optional fields of the results contract):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from sweep.point.records import RequestRecord
 
-SLO_KEYS = ("ttft", "tpot", "e2el")
+SLO_KEYS = ("ttft", "tpot", "e2el", "itl_p99", "max_stall")
 VALID_SLO_KEY = "valid"  # `valid=1`: a structured output that did not parse and validate misses the SLO
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+SLO_SYNTAX = "ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS"  # for help texts: every latency SLO key
+CLASS_SEP = ":"  # a per-class limit's key: `interactive:ttft_ms`
+_CLASS_SECTION = re.compile(r"\s*(?P<name>[A-Za-z0-9_.-]+)\s*:\s*(?P<items>.*)", re.DOTALL)
 
 # Our (vLLM's) names -> the nearest quantity in AIPerf and GuideLLM. Never compare across tools by name alone:
 # GuideLLM's "time_per_output_token_ms" includes the first token, and AIPerf's "inter_token_latency" is our TPOT.
@@ -64,9 +77,35 @@ def percentile_name(p: float) -> str:
 
 
 def parse_slo(text: str | None) -> dict[str, float] | None:
-    """'ttft=500,tpot=50' (or vLLM's 'ttft:500 tpot:50') -> {'ttft_ms': 500.0, 'tpot_ms': 50.0}."""
+    """'ttft=500,tpot=50' (or vLLM's 'ttft:500 tpot:50') -> {'ttft_ms': 500.0, 'tpot_ms': 50.0}.
+
+    Per-class SLOs: ';'-separated sections, each `CLASS:items` ('interactive:ttft=500,tpot=50;batch:e2el=20000')
+    or plain items that apply to every class ('e2el=30000;interactive:ttft=500'). A class's limits are stored as
+    `CLASS:key_ms` ({'interactive:ttft_ms': 500.0, 'batch:e2el_ms': 20000.0}); see `slo_for`."""
     if not text:
         return None
+    slo: dict[str, float] = {}
+    classes: set[str] = set()
+    for section in text.split(";"):
+        match = _CLASS_SECTION.fullmatch(section)
+        if match and match["name"].lower() not in (*SLO_KEYS, VALID_SLO_KEY) and "=" in match["items"]:
+            if match["name"] in classes:
+                raise ValueError(f"SLO class {match['name']!r} is given twice in {text!r}")
+            classes.add(match["name"])
+            items = _parse_items(match["items"])
+            if not items:
+                raise ValueError(f"SLO class {match['name']!r} has no limits in {text!r}")
+            slo.update({f"{match['name']}{CLASS_SEP}{key}": value for key, value in items.items()})
+        else:
+            for key, value in _parse_items(section).items():
+                if key in slo:
+                    raise ValueError(f"SLO {key.removesuffix('_ms')} is given twice in {text!r}")
+                slo[key] = value
+    return slo or None
+
+
+def _parse_items(text: str) -> dict[str, float]:
+    """'ttft=500,tpot=50' or 'ttft:500 tpot:50' -> {'ttft_ms': 500.0, 'tpot_ms': 50.0} (no classes)."""
     slo: dict[str, float] = {}
     for item in text.replace(" ", ",").split(","):
         if not item:
@@ -80,7 +119,7 @@ def parse_slo(text: str | None) -> dict[str, float] | None:
                 slo[VALID_SLO_KEY] = 1.0
             continue
         if not sep or key not in SLO_KEYS:
-            raise ValueError(f"bad SLO item {item!r}: use ttft=MS,tpot=MS,e2el=MS,valid=1 (any subset)")
+            raise ValueError(f"bad SLO item {item!r}: use {SLO_SYNTAX},valid=1 (any subset)")
         try:
             ms = float(value)
         except ValueError:
@@ -88,7 +127,21 @@ def parse_slo(text: str | None) -> dict[str, float] | None:
         if ms < 0:
             raise ValueError(f"SLO {key} must be >= 0 ms, got {ms}")
         slo[f"{key}_ms"] = ms
-    return slo or None
+    return slo
+
+
+def slo_classes(slo: dict[str, float] | None) -> list[str]:
+    """The classes an SLO names, in order."""
+    return list(dict.fromkeys(key.partition(CLASS_SEP)[0] for key in slo or {} if CLASS_SEP in key))
+
+
+def slo_for(slo: dict[str, float], request_class: str | None) -> dict[str, float]:
+    """The limits one request must meet: the class-free ones, overridden by its own class's."""
+    limits = {key: value for key, value in slo.items() if CLASS_SEP not in key}
+    if request_class is not None:
+        prefix = f"{request_class}{CLASS_SEP}"
+        limits.update({key[len(prefix) :]: value for key, value in slo.items() if key.startswith(prefix)})
+    return limits
 
 
 def _stats(prefix_values: dict[str, list[float]], percentiles: Sequence[float]) -> dict[str, float]:
@@ -110,13 +163,51 @@ def request_tpot(record: RequestRecord) -> float | None:
     return (record.e2el - record.ttft) / (record.output_tokens - 1)  # type: ignore[operator]
 
 
+def request_itl_p99(record: RequestRecord) -> float | None:
+    """The request's own p99 chunk gap in seconds (numpy's linear interpolation); None with fewer than 2 chunks."""
+    gaps = record.itl if record.success else []
+    return float(np.percentile(gaps, 99)) if gaps else None
+
+
+def request_max_stall(record: RequestRecord) -> float | None:
+    """The request's longest gap between consecutive chunks in seconds (TTFT excluded); None with < 2 chunks."""
+    gaps = record.itl if record.success else []
+    return max(gaps) if gaps else None
+
+
 def is_good(record: RequestRecord, slo: dict[str, float]) -> bool:
+    """Succeeded and meets every limit of `slo` (ms) for its class (`slo_for`); a request with no TPOT or no chunk
+    gap passes those."""
     if not record.success:
         return False
+    slo = slo_for(slo, record.request_class)
     if slo.get(VALID_SLO_KEY) and record.output_valid is False:
         return False
     values = {"ttft_ms": record.ttft, "tpot_ms": request_tpot(record) or 0.0, "e2el_ms": record.e2el}
+    if "itl_p99_ms" in slo:
+        values["itl_p99_ms"] = request_itl_p99(record) or 0.0
+    if "max_stall_ms" in slo:
+        values["max_stall_ms"] = request_max_stall(record) or 0.0
     return all(limit / 1000.0 >= values[key] for key, limit in slo.items() if key != VALID_SLO_KEY)
+
+
+def class_metrics(
+    records: Sequence[RequestRecord], duration: float, slo: dict[str, float]
+) -> dict[str, dict[str, float | int | None]]:
+    """Per request class (the SLO's classes, then any other the records carry): `requests`, `completed`,
+    `request_goodput` and `slo_attainment`, each request judged by its own class's SLO."""
+    names = slo_classes(slo) + [r.request_class for r in records if r.request_class is not None]
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name in dict.fromkeys(names):
+        members = [r for r in records if r.request_class == name]
+        good = sum(is_good(r, slo) for r in members)
+        out[name] = {
+            "requests": len(members),
+            "completed": sum(r.success for r in members),
+            "request_goodput": good / max(duration, 1e-9),
+            "slo_attainment": good / len(members) if members else None,
+        }
+    return out
 
 
 def ttft_decomposition(record: RequestRecord) -> tuple[float, float, float] | None:
@@ -198,6 +289,8 @@ def calculate_metrics(
         good = sum(is_good(r, slo) for r in records)
         metrics["request_goodput"] = good / duration
         metrics["slo_attainment"] = good / len(records) if records else None
+        if slo_classes(slo) or any(r.request_class is not None for r in records):
+            metrics["classes"] = class_metrics(records, duration, slo)
     metrics.update(
         _stats(
             {
@@ -205,6 +298,7 @@ def calculate_metrics(
                 "tpot": tpots,
                 "itl": [gap for r in ok for gap in r.itl],
                 "e2el": [r.e2el for r in ok],  # type: ignore[misc]
+                "max_stall": [s for s in (request_max_stall(r) for r in ok) if s is not None],
             },
             percentiles,
         )

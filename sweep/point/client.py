@@ -63,6 +63,7 @@ class PromptRequest:
     output_len: int
     intended_send_time: float = 0.0  # absolute perf_counter seconds
     constraint: Constraint | None = None  # structured output asked for (workloads/structured.py)
+    request_class: str | None = None  # the workload's class of the request (per-class SLOs)
 
 
 class SSEParser:

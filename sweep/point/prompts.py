@@ -25,7 +25,7 @@ def prompt_requests(
         PromptRequest(index=i, prompt=s.prompt, messages=s.messages, input_len=s.input_len, output_len=s.output_len,
                       constraint=None if workload is None else make_constraint(
                           i, s.schema, workload.structured_output, workload.structured_output_shape, seed,
-                          output_len=s.output_len))
+                          output_len=s.output_len), request_class=getattr(s, "request_class", None))
         for i, s in enumerate(synthesized)
     ]  # fmt: skip
 
@@ -88,6 +88,33 @@ def replay_prompts(
         max_model_len=workload.max_model_len, fit_policy=workload.fit_policy,
     )  # fmt: skip
     return specs, prompt_requests(synthesized), fit_report, offsets
+
+
+def tag_classes(records: list[RequestRecord], prompts: dict[int, Any]) -> None:
+    """Give every record its prompt's request class (`prompts` by index), for per-class SLOs."""
+    for record in records:
+        record.request_class = getattr(prompts.get(record.index), "request_class", None)
+
+
+def check_slo_classes(
+    workload: WorkloadConfig, slo: dict[str, float] | None, n: int | None, tokenizer: Any = None
+) -> None:
+    """ValueError when the SLO names a class that none of the workload's first `n` requests carries (a typo would
+    otherwise judge no request by that class's limits)."""
+    import workloads
+    from sweep.point.benchmark_metrics import slo_classes
+
+    wanted = slo_classes(slo)
+    if not wanted:
+        return
+    present: list[str] = []
+    if workload.workload not in workloads.TEXT_WORKLOADS:
+        specs, _ = workload_specs(workload, n, workload.seed, tokenizer if is_trace_file(workload) else None)
+        present = sorted({s.request_class for s in specs if s.request_class is not None})
+    unknown = [name for name in wanted if name not in present]
+    if unknown:
+        have = f"its classes are {present}" if present else "it carries none (a trace's class column, or a mixture)"
+        raise ValueError(f"--slo names unknown class(es) {unknown}: workload {workload.workload!r} {have}")
 
 
 def check_outputs(records: list[RequestRecord], prompts: dict[int, Any]) -> None:

@@ -37,6 +37,7 @@ class RequestRecord:
     session: int | None = None  # multi-turn (sweep.point.sessions): the conversation and the turn in it
     turn: int | None = None
     output_valid: bool | None = None  # structured output: parsed and validated (None: unconstrained or failed)
+    request_class: str | None = None  # the workload's class of the request (per-class SLOs), None: unclassed
     generated_text: str = ""  # kept in memory for re-tokenising, not written
 
     @property

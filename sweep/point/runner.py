@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
-from sweep.point.prompts import build_prompts, check_outputs, replay_prompts
+from sweep.point.prompts import build_prompts, check_outputs, replay_prompts, tag_classes
 from sweep.point.records import RequestRecord
 from sweep.point.server_metrics import ServerMetricsSampler
 
@@ -358,6 +358,7 @@ def run_point(
     by_index = {p.index: p for p in prompts}
     count_tokens(records, tokenizer, by_index)
     check_outputs(records, by_index)
+    tag_classes(records, by_index)
     sent = {r.index for r in records}
     if spec.mode == "replay":
         from workloads.replay import offered_rate

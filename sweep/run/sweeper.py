@@ -22,7 +22,7 @@ from sweep.point.benchmark_metrics import (
 )
 from sweep.point.client import ClientConfig
 from sweep.point.point_fields import extra_point_fields
-from sweep.point.prompts import build_prompts
+from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
 from sweep.run import results
@@ -58,6 +58,7 @@ class Sweeper:
         with self.console.status(f"loading tokenizer {cfg.tokenizer or cfg.model}"):
             self.tokenizer = get_tokenizer(cfg.tokenizer or cfg.model)
         build_prompts(cfg.workload, self.tokenizer, 1, salt="check")  # a bad workload fails before any file exists
+        check_slo_classes(cfg.workload, cfg.slo, cfg.num_prompts, self.tokenizer)  # ... and an SLO class it lacks
         if cfg.workload.conversations is not None:
             from workloads.conversations import load_conversations
 

@@ -17,7 +17,10 @@ from sweep.cli_options import LoadOptions, fail, render_run_report, shared_optio
 @with_engine_knobs
 @with_load_options(
     exclude=("endpoint",),
-    help={"duration": "Simulated seconds of sending per point.", "slo": "SLO, any subset: ttft=MS,tpot=MS,e2el=MS."},
+    help={
+        "duration": "Simulated seconds of sending per point.",
+        "slo": "SLO, any subset: ttft=MS,tpot=MS,e2el=MS,itl_p99=MS,max_stall=MS.",
+    },
 )
 def simulate(
     ctx: typer.Context,

@@ -68,6 +68,7 @@ class SimulatedRequest:
     index: int
     prompt_token_ids: list[int]
     output_len: int
+    request_class: str | None = None  # the workload's class (per-class SLOs)
 
 
 class SchedulerTimer:
@@ -153,6 +154,7 @@ def simulate_point(
                 send_time=send,
                 prompt_tokens=len(request.prompt_token_ids),
                 client_prompt_tokens=len(request.prompt_token_ids),
+                request_class=request.request_class,
             )
             in_flight += 1
             if api is not None:

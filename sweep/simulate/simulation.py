@@ -138,7 +138,9 @@ def build_requests(config: SimulateConfig, n: int, salt: str) -> tuple[list[Simu
 
         tokenizer = get_tokenizer(config.knobs.get("tokenizer") or config.knobs["model"])
     specs, fit_report = workload_specs(config.workload, n, config.workload.seed, tokenizer)
-    requests = [SimulatedRequest(i, prompt_token_ids(s, i, salt), s.output_len) for i, s in enumerate(specs)]
+    requests = [
+        SimulatedRequest(i, prompt_token_ids(s, i, salt), s.output_len, s.request_class) for i, s in enumerate(specs)
+    ]
     return requests, fit_report
 
 
@@ -146,10 +148,13 @@ class Simulator:
     """Runs `bench simulate`'s points into a run directory, one fresh engine core per point."""
 
     def __init__(self, config: SimulateConfig, console: Console | None = None) -> None:
+        from sweep.point.prompts import check_slo_classes
+
         self.config = config
         self.console = console or Console(stderr=True)
         self.engine_config, self.num_blocks = engine_config(config)
         build_requests(config, 1, salt="check")  # a bad workload fails before any file exists
+        check_slo_classes(config.workload, config.slo, config.num_prompts)  # ... and an SLO class it lacks
         self.salt = uuid.uuid4().hex[:12]
         previous = config.output_dir / results.CONFIG
         if config.resume and previous.exists():

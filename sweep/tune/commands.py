@@ -84,7 +84,10 @@ def best_commands(study: Any, model: str, launch_command: str | None) -> list[di
 def tune(
     ctx: typer.Context,
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
-    slo: str = shared_option("slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el)."),
+    slo: str = shared_option(
+        "slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el, itl_p99, max_stall; "
+        "per request class as for bench sweep)."
+    ),
     attainment: float = shared_option("attainment", help="Fraction of requests that must meet the SLO."),
     objective: str = typer.Option("max-load", help="max-load | goodput | pareto | cost (needs --cost-per-hour)."),
     n_trials: int | None = typer.Option(None, help="Finished trials the study should hold, all workers together "
@@ -159,7 +162,9 @@ def tune(
     import optuna
     from rich.console import Console
 
-    from sweep.point.benchmark_metrics import parse_slo
+    from sweep.point.benchmark_metrics import parse_slo, slo_classes
+    from sweep.point.prompts import check_slo_classes
+    from sweep.point.runner import WorkloadConfig
     from sweep.tune.backend import EngineBackend, TrialWorkload
     from sweep.tune.objective import ObjectiveSpec
     from sweep.tune.report import render_best_sweep_report, write_report
@@ -172,7 +177,7 @@ def tune(
     try:
         slo_ms = parse_slo(slo)
         if not slo_ms:
-            raise ValueError("--slo needs at least one of ttft, tpot, e2el")
+            raise ValueError("--slo needs at least one of ttft, tpot, e2el, itl_p99, max_stall")
         if concurrency is not None and request_rate is not None:
             raise ValueError("give --concurrency or --request-rate, not both")
         if trial_timeout < 0:
@@ -212,6 +217,12 @@ def tune(
         if workload in ("fixed", "random"):  # shipped mixes and traces bring their own lengths: pass none
             input_len, output_len = input_len or 256, output_len or 64
         _check_workload(workload, input_len, output_len, seed)
+        if slo_classes(slo_ms):  # a class the workload lacks is one clear error before any trial
+            check_slo_classes(
+                WorkloadConfig(workload=workload, input_len=input_len, output_len=output_len, seed=seed),
+                slo_ms,
+                num_prompts,
+            )
         model_max_len = None if launch_command else _model_max_len(model)
         longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1),
