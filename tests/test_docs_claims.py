@@ -77,10 +77,10 @@ def test_docs_do_not_claim_untested_servers_are_driven() -> None:
         assert "tested against" in text, name
 
 
-def test_gpus_per_instance_enters_no_figure() -> None:
-    one, eight = (cost_fields([], 10.0, None, CostConfig(2.0, gpus_per_instance=g)) for g in (1, 8))
-    assert {k: v for k, v in one.items() if k != "gpus_per_instance"} == {
-        k: v for k, v in eight.items() if k != "gpus_per_instance"
-    }
+def test_gpus_per_instance_enters_the_cost_of_a_configuration_on_gpus() -> None:
+    one, eight = (cost_fields([], 10.0, None, CostConfig(2.0, gpus_per_instance=g), devices_used=1) for g in (1, 8))
+    assert one["configuration_cost_per_hour"] == 8 * eight["configuration_cost_per_hour"] == 2.0
+    assert "devices_used / N" in (ROOT / "docs" / "TUNE.md").read_text()
     for name in ("docs/SWEEP.md", "docs/SIMULATE.md"):
-        assert "--gpus-per-instance N` is" in (ROOT / name).read_text(), name
+        text = (ROOT / name).read_text()
+        assert "--gpus-per-instance N` is" not in text and "enters no figure" not in text, name
