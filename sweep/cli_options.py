@@ -70,7 +70,8 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
     ),
     "gpus_per_instance": OptionSpec(1, (
         "GPUs of one instance: a configuration on GPUs pays --cost-per-hour x its tensor x pipeline x data "
-        "parallel size / N (whole instances when it spans more than one; docs/TUNE.md)."
+        "parallel size / N (whole instances when it spans more than one; a CPU engine or a --url target pays the "
+        "whole instance; docs/TUNE.md)."
     ), COST_PANEL),
 }
 

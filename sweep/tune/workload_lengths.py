@@ -38,15 +38,39 @@ def longest_request(
     workload: str, input_len: int | None, output_len: int | None, seed: int, counts: list[int], tokenizer: str
 ) -> int:
     """The most tokens (prompt + output, as the source asks, before any fitting) of any request the study's points
-    draw; `tokenizer` measures a text trace. A bad workload or trace raises ValueError."""
+    draw; `tokenizer` measures a text trace. A bad workload or trace raises ValueError.
+
+    The counts are drawn largest first, and the draws stop once one holds a request as long as the source's longest
+    (a mix's or trace's longest row; `fixed`'s and `random`'s lengths, which the tuner sends unspread): no other
+    draw can hold a longer one."""
     import workloads
 
     path = Path(workload).expanduser()
     if workload not in workloads.shipped_names() and path.is_file():
         # workloads.load draws a trace's requests from all its rows: read them once, draw each count from them
         rows = workloads.load(path, tokenizer=_trace_tokenizer(path, tokenizer))
-        draws = [workloads.sample(rows, n, seed) for n in counts]
+
+        def draw(n: int) -> list[Any]:
+            return workloads.sample(rows, n, seed)
+
+        ceiling: int | None = _longest(rows)
     else:
-        draws = [workloads.load(workload, num_requests=n, seed=seed, input_len=input_len, output_len=output_len)
-                 for n in counts]
-    return max((spec.input_len + spec.output_len for specs in draws for spec in specs), default=1)
+
+        def draw(n: int) -> list[Any]:
+            return workloads.load(workload, num_requests=n, seed=seed, input_len=input_len, output_len=output_len)
+
+        ceiling = None
+        if workload in workloads.shipped_names() and not workloads.mixes.is_quantile_table(workload):
+            ceiling = _longest(workloads.load(workload))
+        elif workload in ("fixed", "random"):
+            ceiling = _longest(draw(1))
+    longest = 1
+    for n in sorted(counts, reverse=True):
+        longest = max(longest, _longest(draw(n)))
+        if longest == ceiling:
+            break
+    return longest
+
+
+def _longest(specs: list[Any]) -> int:
+    return max((spec.input_len + spec.output_len for spec in specs), default=1)

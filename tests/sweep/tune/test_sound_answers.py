@@ -136,6 +136,10 @@ def test_a_trace_file_s_longest_request_is_of_the_requests_each_point_draws(tmp_
     assert longest_request(str(trace), None, None, 1, counts, "tiny-random") == expected
     assert longest_request(str(trace), None, None, 1, [40], "tiny-random") == 405  # every row: the longest one
     assert longest_request("fixed", 100, 20, 0, [4], "tiny-random") == 120
+    counts = prompt_counts(NUM_PROMPTS, "concurrency", 1, 200)  # drawn largest first, stopped at the mix's longest
+    exhaustive = max(s.input_len + s.output_len for n in counts for s in workloads.load("lmsys", num_requests=n,
+                                                                                         seed=SEED))
+    assert longest_request("lmsys", None, None, SEED, counts, "tiny-random") == exhaustive
 
 
 @pytest.mark.slow
