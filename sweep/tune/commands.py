@@ -220,7 +220,7 @@ def tune(
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=longest,
                                    tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)
-        if (pinned := search_space.fixed.get("max_model_len")) is not None and pinned < longest:
+        if isinstance(pinned := search_space.fixed.get("max_model_len"), int) and pinned < longest:
             search_space.notes.append(
                 f"max_model_len: pinned to {pinned}, shorter than the workload's longest request ({longest} tokens "
                 "of prompt + output): every trial clips the requests longer than it the same way"
