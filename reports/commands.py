@@ -38,7 +38,8 @@ def report(
         None, help="USD per instance-hour: price every point (default: the price its sweep stored, if any)."
     ),
     gpus_per_instance: int = typer.Option(1, help=(
-        "GPUs of one instance: recorded beside the cost; --cost-per-hour is per instance, so it enters no figure."
+        "GPUs of one instance (with --cost-per-hour): each point pays for the GPUs its sweep recorded it occupied "
+        "(devices_used) out of N; docs/TUNE.md."
     )),
 ) -> None:
     """Write report.html (self-contained) and report.md (+ plots/*.png) for one or more runs."""

@@ -1,8 +1,9 @@
 """The report's cost: dollars per million output tokens at each point's goodput, and its plot against load.
 
-A point's price is `--cost-per-hour` when the report is given one, else the price its sweep stored
-(`bench sweep/simulate --cost-per-hour`); the cost is recomputed from the stored requests under the report's SLO
-(`sweep.run.cost`), so a report with another SLO prices its own goodput. Simulated points are drawn hollow.
+A point's price is `--cost-per-hour` (and `--gpus-per-instance`) when the report is given one, else the price its
+sweep stored (`bench sweep/simulate --cost-per-hour`); the devices are those the sweep stored (`devices_used`). The
+cost is recomputed from the stored requests under the report's SLO (`sweep.run.cost`), so a report with another
+SLO prices its own goodput. Simulated points are drawn hollow.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def with_cost(
         if price is None:
             gpus = point.get("gpus_per_instance")
             price = CostConfig(float(stored[index]), int(gpus) if pd.notna(gpus) else 1)  # type: ignore[index]
+        devices = point.get("devices_used")  # what the sweep knew the configuration occupied (None: the instance)
         records = records_from_rows(groups.get(point["label"], empty))
         source = "simulated" if simulated else "measured"
-        rows_out.append(cost_fields(records, float(point["duration"]), slo, price, source=source))
+        rows_out.append(cost_fields(records, float(point["duration"]), slo, price, source=source,
+                                    devices_used=int(devices) if pd.notna(devices) else None))
     for column in rows_out[0]:
         points[column] = [row[column] for row in rows_out]
     return points

@@ -71,7 +71,9 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
         None, "USD per instance-hour: every point gets cost_per_million_output_tokens at its goodput.", COST_PANEL
     ),
     "gpus_per_instance": OptionSpec(1, (
-        "GPUs of one instance: recorded beside the cost; --cost-per-hour is per instance, so it enters no figure."
+        "GPUs of one instance: a configuration on GPUs pays --cost-per-hour x its tensor x pipeline x data "
+        "parallel size / N (whole instances when it spans more than one; a CPU engine or a --url target pays the "
+        "whole instance; docs/TUNE.md)."
     ), COST_PANEL),
 }
 

@@ -48,6 +48,7 @@ class SweepConfig(LoadConfig):
     stall_timeout_s: float | None = STALL_TIMEOUT_S  # a stream silent this long fails with "Stalled"; 0/None: off
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
     gpus_per_instance: int = 1
+    devices_used: int | None = None  # a --url target's GPUs, when its caller knows them (sweep/run/cost.py)
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:

@@ -255,10 +255,14 @@ class Sweeper:
         """With --cost-per-hour: the point's cost per million output tokens at its goodput (sweep/run/cost.py)."""
         if self.config.cost_per_hour is None:
             return
-        from sweep.run.cost import CostConfig, cost_fields
+        from sweep.run.cost import CostConfig, cost_fields, occupied_devices
 
-        cost = CostConfig(self.config.cost_per_hour, self.config.gpus_per_instance)
-        point.update(cost_fields(records, duration, self.config.slo, cost))
+        cfg = self.config
+        # An engine launched here occupies what its knobs say; a --url target what its caller says (None: the
+        # whole instance).
+        devices = occupied_devices(cfg.engine_knobs) if cfg.url is None else cfg.devices_used
+        cost = CostConfig(cfg.cost_per_hour, cfg.gpus_per_instance)
+        point.update(cost_fields(records, duration, cfg.slo, cost, devices_used=devices))
 
     def _check_server_alive(self) -> None:
         """A launched engine that died mid-point fails the sweep (with its log) instead of recording failures."""

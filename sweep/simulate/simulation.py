@@ -216,9 +216,11 @@ class Simulator:
             "simulation": simulated.stats,
         }
         if cfg.cost is not None:
-            from sweep.run.cost import cost_fields
+            from sweep.run.cost import cost_fields, occupied_devices
 
-            point.update(cost_fields(simulated.records, simulated.duration, cfg.slo, cfg.cost, source="simulated"))
+            devices = occupied_devices(cfg.knobs)  # the profile's device and parallel sizes, then the user's
+            point.update(cost_fields(simulated.records, simulated.duration, cfg.slo, cfg.cost, source="simulated",
+                                     devices_used=devices))
         if fit_report is not None:
             point["fidelity"] = {"fit": asdict(fit_report)}
         self.writer.write_point(point, [r.to_row(spec.label) for r in simulated.records])

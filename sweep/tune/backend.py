@@ -183,17 +183,20 @@ class EngineBackend:
         from rich.console import Console
 
         from sweep.point.runner import WorkloadConfig
+        from sweep.run.cost import occupied_devices
         from sweep.run.sweeper import SweepConfig, Sweeper
 
         w = self.workload
+        all_knobs = {**self.extra_knobs, **knobs}
         config = SweepConfig(
             output_dir=run_dir, mode=w.load_mode, url=server.url, model=w.model, tokenizer=w.tokenizer,
-            engine_knobs={**self.extra_knobs, **knobs}, launch_template=self.launch_command,
+            engine_knobs=all_knobs, launch_template=self.launch_command,
             workload=WorkloadConfig(workload=w.workload, input_len=w.input_len, output_len=w.output_len,
                                     seed=w.seed, endpoint=w.endpoint, max_model_len=knobs.get("max_model_len")),
             num_prompts=w.num_prompts, burstiness=w.burstiness, num_warmups=w.num_warmups, slo=w.slo or None,
             percentiles=list(w.percentiles), resume=True, command=shlex.join(server.command),
             cost_per_hour=w.cost_per_hour, gpus_per_instance=w.gpus_per_instance,
+            devices_used=occupied_devices(all_knobs) if w.cost_per_hour is not None else None,
         )
         # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:

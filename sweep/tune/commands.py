@@ -167,9 +167,10 @@ def tune(
     from sweep.point.runner import WorkloadConfig
     from sweep.tune.backend import EngineBackend, TrialWorkload
     from sweep.tune.objective import ObjectiveSpec
-    from sweep.tune.report import render_best_sweep_report, write_report
+    from sweep.tune.report import SPACE_NOTES, render_best_sweep_report, write_report
     from sweep.tune.space import DeviceInfo, SpaceError, build_space, fill_template
     from sweep.tune.study import TuneAborted, TuneObjective, check_space_matches, open_study, run_study, storage_url
+    from sweep.tune.workload_lengths import longest_request, prompt_counts
 
     console = Console()
     n_trials_given = n_trials is not None
@@ -224,10 +225,17 @@ def tune(
                 num_prompts,
             )
         model_max_len = None if launch_command else _model_max_len(model)
-        longest = (input_len or 0) + (output_len or 0) if workload in ("fixed", "random") else 1
-        device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=max(longest, 1),
+        top = spec.max_load if objective == "max-load" else load  # the other objectives measure one load
+        counts = prompt_counts(num_prompts, mode, load, top)
+        longest = longest_request(workload, input_len, output_len, seed, counts, tokenizer or model)
+        device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=longest,
                                    tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)
+        if isinstance(pinned := search_space.fixed.get("max_model_len"), int) and pinned < longest:
+            search_space.notes.append(
+                f"max_model_len: pinned to {pinned}, shorter than the workload's longest request ({longest} tokens "
+                "of prompt + output): every trial clips the requests longer than it the same way"
+            )
         if grid:
             search_space.grid()  # every knob needs a finite list of values
         if launch_command:  # a placeholder the space cannot fill fails here, not in every trial
@@ -271,6 +279,8 @@ def tune(
         "launch_command": launch_command or "",
         "repeats": repeats,
         "trial_timeout_s": trial_timeout or None,
+        "longest_request": longest,  # prompt + output tokens: no searched max_model_len is below it
+        SPACE_NOTES: search_space.notes,  # what the space left out and why (the console's `space:` lines)
         **({"max_quality_loss": quality_guard.config.max_loss} if quality_guard else {}),
         **({"simulate_first": str(simulate_first), "prune_margin": prune_margin, "prune_step_error": step_error}
            if profile is not None else {}),

@@ -6,8 +6,8 @@ Three objectives (see docs: tuning.md §b for the three meanings of "goodput"):
 - `goodput` (vLLM's `request_goodput`): good requests per second at one fixed load; maximised, with
   attainment >= target recorded as a soft constraint.
 - `pareto`: (`request_goodput`, `p90_ttft_ms`) at one fixed load; a two-objective study (maximise, minimise).
-- `cost`: `cost_per_million_output_tokens` at one fixed load (the instance price over the goodput's output tokens,
-  sweep/run/cost.py); minimised, with attainment >= target a soft constraint.
+- `cost`: `cost_per_million_output_tokens` at one fixed load (the price of the devices the configuration occupies
+  over the goodput's output tokens, sweep/run/cost.py); minimised, with attainment >= target a soft constraint.
 """
 
 from __future__ import annotations

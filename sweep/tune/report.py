@@ -18,6 +18,8 @@ from sweep.run.results import ReportRenderer, write_atomic
 from sweep.tune.quality_guard import CACHE_PREFIX as QUALITY_CACHE_PREFIX
 from sweep.tune.study import best_trials, feasible
 
+SPACE_NOTES = "space_notes"  # the study attribute `bench tune` stores the space's notes in
+
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}
 tr.infeasible{background:#fde}tr.pruned{background:#eee}code,pre{background:#f4f4f4;padding:2px 4px}
@@ -164,6 +166,15 @@ def best_section(study: optuna.Study, commands: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def space_section(study: optuna.Study) -> str:
+    """What the search space left out and why (`bench tune` prints the same `space:` lines), when anything was."""
+    notes = study.user_attrs.get(SPACE_NOTES) or []
+    if not notes:
+        return ""
+    items = "".join(f"<li>{html.escape(str(note))}</li>" for note in notes)
+    return f"<h2>Search space: left out</h2>\n<ul>{items}</ul>\n"
+
+
 def render_best_sweep_report(
     render_report: ReportRenderer, run_dir: str | None, slo: dict[str, float] | None = None
 ) -> str | None:
@@ -180,6 +191,7 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
     info = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in study.user_attrs.items()
         if not k.startswith(QUALITY_CACHE_PREFIX)  # the quality cache shows per trial, in the quality column
+        and k != SPACE_NOTES
     )
     title = f"bench tune: {html.escape(study.study_name)}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
@@ -187,6 +199,7 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
 <h1>{title}</h1>
 <table>{info}<tr><th>trials</th><td>{html.escape(json.dumps(counts))}, infeasible: {infeasible}</td></tr>
 <tr><th>objectives</th><td>{html.escape(", ".join(study.metric_names or []))}</td></tr></table>
+{space_section(study)}
 <h2>Best configuration{"s (Pareto front)" if len(best_trials(study)) > 1 else ""}</h2>
 {best_section(study, commands)}
 {plots(study)}

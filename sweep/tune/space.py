@@ -36,7 +36,7 @@ class DeviceInfo:
     device: str = "cpu"  # "cpu" or "cuda"
     num_devices: int = 1
     model_max_len: int | None = None  # the model's context length, when known
-    min_model_len: int = 1  # the workload's longest prompt + output: shorter max_model_len cannot serve it
+    min_model_len: int = 1  # the workload's longest prompt + output: a shorter max_model_len would clip it
     num_cpus: int = 1  # the cores this process may use: CPU tensor-parallel ranks share them
     tensor_parallel_sizes: tuple[int, ...] | None = None  # the sizes the model's heads split into, when known
 
@@ -126,13 +126,27 @@ def _keep_choices(knob: Knob, keep: Callable[[Any], bool], why: str) -> str | No
 
 
 def _filter_max_model_len(knob: Knob, dev: DeviceInfo) -> str | None:
+    """Drop the contexts shorter than the workload's longest request (a trial would clip its prompts and measure a
+    lighter workload than the others: sweep/tune/workload_lengths.py) and those longer than the model's; with
+    none left, a SpaceError."""
+    before = list(knob.choices or [])
     notes = [
         _keep_choices(knob, lambda v: v is None or v >= dev.min_model_len,
-                      f"shorter than the workload's longest request, {dev.min_model_len} tokens"),
+                      f"shorter than the workload's longest request, {dev.min_model_len} tokens of prompt + output: "
+                      "a trial with it would clip those prompts and measure a lighter workload than the others"),
     ]
     if dev.model_max_len is not None:
         notes.append(_keep_choices(knob, lambda v: v is None or v <= dev.model_max_len,
                                    f"longer than the model's context length {dev.model_max_len}"))
+    if before and not knob.choices and any(v is not None and v < dev.min_model_len for v in before):
+        context = f" (the model's context is {dev.model_max_len})" if dev.model_max_len is not None else ""
+        raise SpaceError(
+            f"max_model_len: no choice of {before} fits the workload's longest request, {dev.min_model_len} tokens "
+            f"of prompt + output{context}; every trial must measure the same requests, so a shorter context is "
+            "not searched. Give --space choices of at least that length, pin max_model_len (every trial then "
+            "clips the same requests), drop it (`max_model_len: null`: the engine's own context, where longer "
+            "requests fail), or use fewer or shorter requests"
+        )
     return "; ".join(n for n in notes if n) or None
 
 

@@ -37,3 +37,14 @@ def test_stored_prices_are_kept_and_unpriced_runs_are_left_alone(fixture_run: Pa
     (unpriced,) = load_runs([fixture_run])
     assert cost_vs_load([unpriced], None) is None
     assert isinstance(run.points, pd.DataFrame)
+
+
+def test_the_report_prices_the_devices_each_point_stored(fixture_run: Path) -> None:
+    (run,) = load_runs([fixture_run])
+    stored = run.points.assign(cost_per_hour=8.0, gpus_per_instance=8, devices_used=2)
+    whole = with_cost(run.points.assign(cost_per_hour=8.0, gpus_per_instance=8), run.requests, None, None)
+    shared = with_cost(stored, run.requests, None, None)
+    assert set(shared["devices_used"]) == {2} and set(shared["configuration_cost_per_hour"]) == {2.0}
+    assert list(shared[COST_COLUMN] * 4) == pytest.approx(list(whole[COST_COLUMN]))  # 2 of 8 GPUs, not 8 of 8
+    repriced = with_cost(stored, run.requests, None, CostConfig(16.0, gpus_per_instance=8))
+    assert set(repriced["configuration_cost_per_hour"]) == {4.0}  # the report's price, the stored devices

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.point.records import RequestRecord
-from sweep.run.cost import CostConfig, cost_fields, good_output_tokens
+from sweep.run.cost import CostConfig, cost_fields, good_output_tokens, occupied_devices
 
 
 def record(index: int, ttft: float, output_tokens: int, success: bool = True) -> RequestRecord:
@@ -37,3 +37,29 @@ def test_no_good_request_has_no_finite_cost() -> None:
 def test_bad_prices_are_rejected(price: float, gpus: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CostConfig(price, gpus)
+
+
+def test_a_configuration_pays_for_the_devices_it_occupies() -> None:
+    """At equal throughput a TP = 2 configuration costs twice a TP = 1 one, on one instance or across several."""
+    for gpus in (1, 2, 8):
+        price = CostConfig(8.0, gpus_per_instance=gpus)
+        one, two = (cost_fields(RECORDS, 10.0, None, price, devices_used=d) for d in (1, 2))
+        assert two["cost_per_million_output_tokens"] == pytest.approx(2 * one["cost_per_million_output_tokens"])
+        assert two["configuration_cost_per_hour"] == pytest.approx(2 * one["configuration_cost_per_hour"])
+    share = cost_fields(RECORDS, 10.0, None, CostConfig(8.0, gpus_per_instance=8), devices_used=2)
+    assert (share["instances_used"], share["configuration_cost_per_hour"]) == (0.25, 2.0)
+    # 400 good tokens in 10 s = 144,000 tok/h at $2/h -> $13.89 per million tokens
+    assert share["cost_per_million_output_tokens"] == pytest.approx(2.0 / 144_000 * 1e6)
+    spans = cost_fields(RECORDS, 10.0, None, CostConfig(8.0, gpus_per_instance=2), devices_used=3)
+    assert (spans["instances_used"], spans["configuration_cost_per_hour"]) == (2.0, 16.0)  # whole instances
+    whole = cost_fields(RECORDS, 10.0, None, CostConfig(8.0, gpus_per_instance=8))  # unknown devices
+    assert (whole["devices_used"], whole["instances_used"], whole["configuration_cost_per_hour"]) == (None, 1.0, 8.0)
+
+
+def test_occupied_devices_count_gpu_ranks_and_not_cpu_ones() -> None:
+    assert occupied_devices({"tensor_parallel_size": 2}, "cuda") == 2
+    assert occupied_devices({"tensor_parallel_size": 4, "pipeline_parallel_size": 2}, "cuda") == 8
+    assert occupied_devices({}, "cuda") == 1
+    assert occupied_devices({"tensor_parallel_size": 2, "device": "cuda"}) == 2  # the knob says where it runs
+    assert occupied_devices({"tensor_parallel_size": 2, "device": "cpu"}) is None  # ranks share the machine
+    assert occupied_devices({"tensor_parallel_size": 2}, "cpu") is None

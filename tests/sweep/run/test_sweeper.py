@@ -234,3 +234,14 @@ def test_requests_still_waiting_for_a_slot_at_the_end_are_recorded_as_not_sent(
     steady = point["steady"]  # the full figures are kept; the window's sit beside them
     assert (steady["window_start_s"], steady["window_end_s"]) == pytest.approx((0.1, point["duration"] - 0.05))
     assert 0 < steady["completed"] < point["completed"] and 0 < steady["not_sent"] < point["not_sent"]
+
+
+def test_a_url_target_is_priced_as_the_whole_instance_unless_its_devices_are_given(
+    mock: ServerProcess, tmp_path: Path
+) -> None:
+    """Its knobs are unknown, so the sweep cannot count its GPUs; a caller that knows them (the tuner) says."""
+    for devices, hourly in ((None, 8.0), (2, 2.0)):
+        run_dir = run_sweep(config(mock, tmp_path / f"run{devices}", values=[1], num_prompts=2, num_warmups=0,
+                                   cost_per_hour=8.0, gpus_per_instance=8, devices_used=devices))
+        point = json.loads((run_dir / "points" / "c0001.json").read_text())
+        assert (point["devices_used"], point["configuration_cost_per_hour"]) == (devices, hourly)

@@ -165,6 +165,7 @@ def test_simulated_points_carry_a_simulated_cost(tmp_path: Path, profile_path: P
     assert point["cost_source"] == "simulated"
     expected = 7.2 / (3600 * point["output_throughput"]) * 1e6  # no SLO: every request's tokens are good
     assert point["cost_per_million_output_tokens"] == pytest.approx(expected)
+    assert (point["instances_used"], point["configuration_cost_per_hour"]) == (1.0, 7.2)  # one device of one
 
 
 def test_simulated_max_load_search_writes_search_json(tmp_path: Path, profile_path: Path) -> None:
