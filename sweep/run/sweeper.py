@@ -21,10 +21,11 @@ from sweep.point.benchmark_metrics import (
     queue_inclusive_applies,
 )
 from sweep.point.client import ClientConfig
-from sweep.point.point_fields import extra_point_fields
+from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
+from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
@@ -123,6 +124,8 @@ class Sweeper:
             "server_metrics": cfg.server_metrics,
             "warmup_seconds": cfg.warmup_seconds,
             "cooldown_seconds": cfg.cooldown_seconds,
+            "steady_window": cfg.steady_window,
+            **cfg.cancel.record(),
             "ramp_up": cfg.ramp_up,
             "turns": cfg.turns,
             "think_time_s": cfg.think_time_s,
@@ -151,6 +154,7 @@ class Sweeper:
                 duration=cfg.duration,
                 num_warmups=cfg.num_warmups,
                 time_scale=value,
+                cancel=cfg.cancel,
             )
         return cfg.point_spec(
             value,
@@ -159,6 +163,7 @@ class Sweeper:
             turns=cfg.turns,
             think_time_s=cfg.think_time_s,
             rate_curve=tuple(cfg.rate_curve) if cfg.rate_curve is not None else None,
+            cancel=cfg.cancel,
         )
 
     def measure(self, value: float, repeat: int = 0) -> dict[str, Any]:
@@ -287,14 +292,20 @@ class Sweeper:
         }
         self._add_cost(point, run.records, run.duration)
         cfg = self.config
-        point.update(
-            extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive, cfg.warmup_seconds, cfg.cooldown_seconds)
-        )
-        if "steady" in point and point["steady"] is None:
+        point.update(extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive))
+        asked = point_window(run, cfg.warmup_seconds, cfg.cooldown_seconds, cfg.steady_window == "auto")
+        if asked is not None and asked[0] is None:
+            point["window"] = "full"
+            reason = "no steady span was detected" if asked[1] == "auto" else (
+                "it is shorter than --warmup-seconds + --cooldown-seconds")
             self.console.print(
-                f"[yellow]{spec.label}: the point ran {run.duration:.1f} s, shorter than --warmup-seconds + "
-                "--cooldown-seconds; no steady-state window[/yellow]"
+                f"[yellow]{spec.label}: the point ran {run.duration:.1f} s and {reason}; its figures are over the "
+                "whole point (window: full)[/yellow]"
             )
+        elif asked is not None:
+            window, rule = asked
+            point = windowed_point(point, run.records, run.t0, window, rule, cfg.percentiles, cfg.slo, queue_inclusive)
+            self._add_cost(point, [r for r in run.records if r.in_window], float(point["duration"]))
         point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
