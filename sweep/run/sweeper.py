@@ -338,7 +338,9 @@ class Sweeper:
             result, cfg.search_repeats, lambda value, r: float(self.measure(value, r)["slo_attainment"] or 0.0)
         )
         labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
-        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo}
+        fixed = cfg.warmup_seconds or cfg.cooldown_seconds
+        rule = "auto" if cfg.steady_window == "auto" else "fixed" if fixed else None  # probes judged by windows
+        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo, "steady_window": rule}
         self.writer.write_search(search)
         unit = "streams" if cfg.mode == "concurrency" else "req/s"
         if result.best is None:

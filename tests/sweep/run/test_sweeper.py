@@ -271,3 +271,14 @@ def test_cancelled_requests_in_a_sweep(mock: ServerProcess, tmp_path: Path) -> N
     with open(run_dir / "summary.csv") as f:
         assert int(next(csv.DictReader(f))["cancelled"]) == 4
     assert point_table(load_run(run_dir))["cancelled"].tolist() == [4]
+
+
+def test_the_search_judges_loads_by_their_steady_windows(mock: ServerProcess, tmp_path: Path) -> None:
+    run_dir = run_sweep(config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=2,
+                               num_warmups=0, num_prompts=8, warmup_seconds=0.001))
+    search = json.loads((run_dir / "search.json").read_text())
+    assert search["steady_window"] == "fixed" and search["labels"] == ["c0001", "c0002"]
+    for label, probe in zip(search["labels"], search["probes"], strict=True):
+        point = json.loads((run_dir / "points" / f"{label}.json").read_text())
+        assert point["window"] == "steady" and probe["attainment"] == point["slo_attainment"]
+        assert point["completed"] < point["full"]["completed"]  # the first request, sent at the start, is out
