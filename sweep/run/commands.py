@@ -60,11 +60,12 @@ def sweep(
         0.0, help="Seconds between a turn's response and the session's next turn.", rich_help_panel=LOAD_PANEL
     ),
     warmup_seconds: float = typer.Option(
-        0.0, help="Steady-state window: leave the point's first S seconds out of its `steady` figures.",
+        0.0, help="Steady-state window: the point's figures leave out its first S seconds (the whole point's are "
+        "kept under `full`).",
         rich_help_panel=LOAD_PANEL,
     ),
     cooldown_seconds: float = typer.Option(
-        0.0, help="Steady-state window: leave the point's last S seconds (the drain) out of `steady`.",
+        0.0, help="Steady-state window: the point's figures leave out its last S seconds (the drain).",
         rich_help_panel=LOAD_PANEL,
     ),
     steady_window: str | None = typer.Option(

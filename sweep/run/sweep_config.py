@@ -41,7 +41,7 @@ class SweepConfig(LoadConfig):
     turns: int = 1  # > 1: multi-turn sessions (sweep.point.sessions), chat endpoint only
     think_time_s: float = 0.0
     rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (workloads.rate_curve)
-    warmup_seconds: float = 0.0  # steady-state window (sweep.point.steady_state): ramp-up left out of `steady`
+    warmup_seconds: float = 0.0  # steady window (sweep.point.steady_state): the figures leave out the ramp-up
     cooldown_seconds: float = 0.0  # ... and the drain
     steady_window: str | None = None  # "auto": detect the window (sweep.point.steady_state.auto_window)
     cancel: CancelConfig = field(default_factory=CancelConfig)  # --cancel-rate/--cancel-after (sweep.point.cancel)
