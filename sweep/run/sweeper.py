@@ -191,6 +191,9 @@ class Sweeper:
                 f"[yellow]{spec.label}: {point['not_sent']} requests were due but never sent (still waiting for a "
                 "--max-concurrency slot when --duration ended); they count as SLO misses[/yellow]"
             )
+        if point.get("cancelled"):
+            self.console.print(f"[dim]{spec.label}: {point['cancelled']} requests cancelled by the client "
+                               "(--cancel-rate); neither completed nor failed[/dim]")
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         if self.server is None and point["failed"]:
