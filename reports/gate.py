@@ -25,7 +25,7 @@ import numpy as np
 from reports.gate_noise import calibration_gap, history_noise_floor, statistic
 from reports.gate_stats import compare_failures, compare_groups, holm
 from reports.importers import RunData
-from reports.recompute import LATENCY_METRICS, pooled_itl_ms, request_latencies
+from reports.recompute import LATENCY_METRICS, cancelled_mask, pooled_itl_ms, request_latencies
 
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
 # precisely so reruns do not share a warm prefix cache.
@@ -202,7 +202,9 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
         cand_groups = metric_groups(candidate, label, names)
         for spec, name, stat in metrics:
             if name == FAILURE_RATE:
-                base_rows, cand_rows = baseline.point_requests(label), candidate.point_requests(label)
+                # requests the client cancelled on purpose (--cancel-rate) are neither failures nor trials
+                sides = (baseline.point_requests(label), candidate.point_requests(label))
+                base_rows, cand_rows = (rows[~cancelled_mask(rows)] for rows in sides)
                 counts = [int((~rows["success"].astype(bool)).sum()) for rows in (base_rows, cand_rows)]
                 values = compare_failures(counts[0], len(base_rows), counts[1], len(cand_rows), config.alpha)
                 result.comparisons.append(Comparison(label, spec, *values, len(base_rows), len(cand_rows)))

@@ -120,6 +120,8 @@ def _load_servelab_run(run_dir: Path) -> RunData:
             raise RunInputError(f"{run_dir}: point files lack the {column!r} field")
     if requests.empty:
         raise RunInputError(f"{run_dir}: requests.jsonl is missing or empty; per-request rows are needed")
+    if "in_window" in requests:  # steady-state windows: the points' figures are the windows', so are the rows
+        requests = requests[~requests["in_window"].astype(object).eq(False)].reset_index(drop=True)
     name = run_dir.resolve().name
     points["run"] = name
     requests["run"] = name

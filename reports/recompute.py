@@ -111,6 +111,7 @@ def records_from_rows(rows: pd.DataFrame) -> list[RequestRecord]:
                 send_time=send if send is not None else 0.0,
                 sent=bool(_scalar(row.get("sent"))) if _scalar(row.get("sent")) is not None else True,
                 success=bool(_scalar(row.get("success"))),
+                cancelled=bool(_scalar(row.get("cancelled"))),
                 error=_scalar(row.get("error")),
                 first_token_time=_scalar(row.get("first_token_time")),
                 last_token_time=_scalar(row.get("last_token_time")),
@@ -166,7 +167,15 @@ def goodput(rows: pd.DataFrame, duration: float, slo: Mapping[str, float] | None
     if not normalize_slo(slo):
         return None, None
     good = int(good_mask(rows, slo).sum())
-    return good / max(duration, 1e-9), (good / len(rows) if len(rows) else None)
+    judged = len(rows) - int(cancelled_mask(rows).sum())  # client-cancelled requests are out of the denominator
+    return good / max(duration, 1e-9), (good / judged if judged else None)
+
+
+def cancelled_mask(rows: pd.DataFrame) -> np.ndarray:
+    """Rows the client aborted on purpose (`bench sweep --cancel-rate`); all False for runs without the field."""
+    if "cancelled" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["cancelled"].fillna(False).astype(bool).to_numpy()
 
 
 def point_metrics(

@@ -13,7 +13,7 @@ from pathlib import Path
 from reports.cost import cost_vs_load, with_cost
 from reports.importers import RunData, RunInputError, load_runs
 from reports.recompute import format_slo, normalize_slo, with_slo
-from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table
+from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table, window_note
 from sweep.mock.machine_speed import host_warnings
 
 
@@ -95,7 +95,8 @@ def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | No
         ("fidelity", "Workload fidelity", "Requested against realised token counts (server usage), per request.",
          lambda: plots.fidelity(runs)),
     ]
-    sections = [Section("Points", tables=[(r.name, point_table(r)) for r in runs])]
+    notes = " ".join(note for r in runs if (note := window_note(r)))
+    sections = [Section("Points", text=notes, tables=[(r.name, point_table(r)) for r in runs])]
     for key, title, text, make in figures:
         if progress is not None:
             progress(key)

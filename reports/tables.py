@@ -19,6 +19,8 @@ def point_table(run: RunData) -> pd.DataFrame:
     table = pd.DataFrame({"point": pts["label"], "load": run.load_values().to_numpy()})
     table["completed"] = pts["completed"].to_numpy()
     table["failed"] = pts["failed"].to_numpy()
+    if "cancelled" in pts and pd.to_numeric(pts["cancelled"], errors="coerce").fillna(0).any():  # --cancel-rate
+        table["cancelled"] = pd.to_numeric(pts["cancelled"], errors="coerce").fillna(0).astype(int).to_numpy()
     table["req/s"] = pts["request_throughput"].to_numpy()
     table["out tok/s"] = pts["output_throughput"].to_numpy()
     for metric in ("ttft", "tpot", "e2el"):
@@ -47,6 +49,22 @@ def point_table(run: RunData) -> pd.DataFrame:
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
         table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table
+
+
+def window_note(run: RunData) -> str:
+    """The report's line on which span of each point its figures cover ('' when every point is whole)."""
+    if "window" not in run.points or not (run.points["window"] == "steady").any():
+        return ""
+    parts = []
+    for _, point in run.points.iterrows():
+        if point.get("window") == "steady":
+            start, end = float(point["window_start_s"]), float(point["window_end_s"])
+            rule = point.get("window_rule") or "fixed"
+            parts.append(f"{point['label']} {start:.1f}-{end:.1f} s ({rule})")
+        else:
+            parts.append(f"{point['label']} whole point")
+    return (f"{run.name}: figures over each point's steady-state window, in seconds from its start "
+            f"(requests outside it are left out): {'; '.join(parts)}.")
 
 
 def _ks(a: np.ndarray, b: np.ndarray) -> float:

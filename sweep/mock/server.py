@@ -7,6 +7,8 @@ Each request's first token leaves `ttft_ms` after the request arrives and token 
 /metrics (requests running, prompt and generated tokens under vLLM's names),
 returns usage (and per-chunk usage with `stream_options.continuous_usage_stats`), and a `servelab` timing
 field shaped like the built-in server's, so the client's TTFT decomposition can be tested.
+A client that closes its connection mid-response (`bench sweep --cancel-rate`) stops that response's generation
+at once (counted in `num_aborted`).
 With `hang_after_tokens` N, every response stops after N tokens and stays open, sending nothing more (a non-streamed
 one never answers), while /health keeps answering: a stalled engine, for the client's timeouts.
 """
@@ -82,6 +84,7 @@ class MockServer:
         self.num_running = 0  # /metrics, under vLLM's names: what the mock really did, nothing simulated
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.num_aborted = 0  # requests whose client went away mid-response: their generation stopped there
 
     def protocol(self) -> _HttpConnection:
         return _HttpConnection(self)
@@ -118,6 +121,9 @@ class MockServer:
         self.num_running += 1
         try:
             await self._generate(conn, raw, arrival, chat)
+        except asyncio.CancelledError:  # the connection was lost (connection_lost cancels this task)
+            self.num_aborted += 1
+            raise
         finally:
             self.num_running -= 1
 

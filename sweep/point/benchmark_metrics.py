@@ -25,6 +25,11 @@ Requests that were due but never sent (still waiting for a slot when `--duration
 `sent = False`: not `completed`, not `failed` (nothing reached the server), counted in `not_sent`, and misses
 in `slo_attainment`'s denominator.
 
+Requests the client aborted on purpose (`--cancel-rate`, sweep.point.cancel) are records with `cancelled = True`:
+not `completed`, not `failed`, counted in `cancelled`, left out of every latency statistic (TTFT included, even
+when a first token arrived) and of `slo_attainment`'s denominator (the client ended them, so they say nothing about
+whether the server met the SLO); their tokens are not in the throughputs.
+
 Additions beyond vLLM (all optional fields of the results contract):
 - `valid_output_fraction`: of the completed requests that asked for a structured output, the share whose output
   parsed and validated (workloads/structured.py); absent when no request asked for one.
@@ -201,11 +206,12 @@ def class_metrics(
     for name in dict.fromkeys(names):
         members = [r for r in records if r.request_class == name]
         good = sum(is_good(r, slo) for r in members)
+        judged = sum(not r.cancelled for r in members)  # as overall: a client-cancelled request is no verdict
         out[name] = {
             "requests": len(members),
             "completed": sum(r.success for r in members),
             "request_goodput": good / max(duration, 1e-9),
-            "slo_attainment": good / len(members) if members else None,
+            "slo_attainment": good / judged if judged else None,
         }
     return out
 
@@ -262,7 +268,8 @@ def calculate_metrics(
     """One point's metrics under vLLM's field names. `records` must have token counts resolved."""
     ok = [r for r in records if r.success]
     not_sent = sum(not r.sent for r in records)
-    failed = len(records) - len(ok) - not_sent
+    cancelled = sum(r.cancelled for r in records)
+    failed = len(records) - len(ok) - not_sent - cancelled
     output_lens = [r.output_tokens or 0 for r in ok]
     total_input = sum(r.prompt_tokens or 0 for r in ok)
     total_output = sum(output_lens)
@@ -272,6 +279,7 @@ def calculate_metrics(
         "completed": len(ok),
         "failed": failed,
         "not_sent": not_sent,
+        "cancelled": cancelled,
         "duration": duration,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
@@ -288,7 +296,8 @@ def calculate_metrics(
     if slo:
         good = sum(is_good(r, slo) for r in records)
         metrics["request_goodput"] = good / duration
-        metrics["slo_attainment"] = good / len(records) if records else None
+        judged = len(records) - cancelled  # a request the client aborted on purpose is no verdict on the server
+        metrics["slo_attainment"] = good / judged if judged else None
         if slo_classes(slo) or any(r.request_class is not None for r in records):
             metrics["classes"] = class_metrics(records, duration, slo)
     metrics.update(

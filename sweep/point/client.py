@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from sweep.point.cancel import CancelAfter
 from sweep.point.records import RequestRecord
 from workloads.structured import Constraint
 
@@ -64,6 +65,7 @@ class PromptRequest:
     intended_send_time: float = 0.0  # absolute perf_counter seconds
     constraint: Constraint | None = None  # structured output asked for (workloads/structured.py)
     request_class: str | None = None  # the workload's class of the request (per-class SLOs)
+    cancel_after: CancelAfter | None = None  # `--cancel-rate`: the client aborts this request (sweep.point.cancel)
 
 
 class SSEParser:
@@ -153,15 +155,19 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
     body = json.dumps(build_payload(config, request))
     text_parts: list[str] = []
     counted_tokens = 0
+    cancel = request.cancel_after
+    done = False
+    abort = _TimedAbort(cancel.seconds) if cancel is not None and cancel.seconds is not None else None
     record.send_time = time.perf_counter()
     try:
+        if abort is not None:
+            abort.arm()
         async with session.post(config.request_url, data=body, headers=headers, timeout=config.timeout) as response:
             if response.status != 200:
                 detail = (await response.text())[:500]
                 record.error = f"HTTPStatus {response.status}: {detail}"
                 return record
             parser = SSEParser()
-            done = False
             # Read the body to its end, past [DONE]: leaving before the chunked terminator arrives makes aiohttp
             # close the connection, and the next request on this slot would pay a new TCP (or TLS) handshake.
             async for raw in response.content.iter_any():
@@ -201,12 +207,21 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
                     record.last_token_time = now
                     record.chunk_times.append(now)
                     record.chunk_tokens.append(tokens)
+                    if cancel is not None and cancel.tokens is not None and counted_tokens >= cancel.tokens:
+                        response.close()  # the connection goes, so the server sees the client leave
+                        record.cancelled = True
+                        return record
             for data in parser.flush():
                 if data.strip() != "[DONE]":
                     record.error = f"IncompleteStream: trailing unparsed event {data[:100]!r}"
     except asyncio.CancelledError:
-        record.error = "Cancelled: the sweep was interrupted"
-        raise
+        if abort is None or not abort.fired:
+            record.error = "Cancelled: the sweep was interrupted"
+            raise
+        abort.absorb()  # our own --cancel-after deadline: leaving the `async with` closed the connection
+        if not done:  # a deadline that fell after [DONE] aborted nothing: the request completed
+            record.cancelled = True
+            return record
     except asyncio.TimeoutError as e:
         record.error = timeout_reason(config, e)
         return record
@@ -214,6 +229,8 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
         record.error = f"{type(e).__name__}: {e}"
         return record
     finally:
+        if abort is not None:
+            abort.disarm()
         record.generated_text = "".join(text_parts)
         if record.end_time is None:
             record.end_time = time.perf_counter()
@@ -221,6 +238,34 @@ async def send_request(session: aiohttp.ClientSession, config: ClientConfig, req
         record.error = "EmptyResponse: the stream carried no choices"
     record.success = record.error is None
     return record
+
+
+class _TimedAbort:
+    """`--cancel-after` a time: cancels the sending task at send + seconds; `fired` tells that cancellation apart
+    from an interrupted sweep's."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task | None = None
+
+    def arm(self) -> None:
+        self._task = asyncio.current_task()
+        self._handle = asyncio.get_running_loop().call_later(self.seconds, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def absorb(self) -> None:
+        if self._task is not None:
+            self._task.uncancel()
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
 
 
 def timeout_reason(config: ClientConfig, error: asyncio.TimeoutError) -> str:

@@ -1,6 +1,6 @@
 """The point fields of the load shapes and measurements beyond a plain point: trace replay, multi-turn sessions,
-vLLM's ramp-up, rate curves, the steady-state window (sweep.point.steady_state) and the server's /metrics
-(sweep.point.server_metrics)."""
+vLLM's ramp-up, rate curves, the server's /metrics (sweep.point.server_metrics), and the steady-state window
+the point's figures are reported over (sweep.point.steady_state)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sweep.point.runner import PointRun
-from sweep.point.steady_state import steady_metrics
+from sweep.point.steady_state import auto_window
 
 
 def extra_point_fields(
@@ -16,10 +16,8 @@ def extra_point_fields(
     percentiles: Sequence[float],
     slo: dict[str, float] | None,
     queue_inclusive: bool,
-    warmup_s: float = 0.0,
-    cooldown_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Fields to add to the point dict; `steady` is None when the point was shorter than the two windows."""
+    """Fields to add to the point dict."""
     spec, fields = run.spec, {}
     if spec.mode == "replay":
         fields["time_scale"] = spec.time_scale
@@ -31,10 +29,20 @@ def extra_point_fields(
         from workloads.rate_curve import rate_curve_fields
 
         fields.update(rate_curve_fields(spec.rate_curve, spec.rate, spec.num_prompts, spec.duration))
-    if warmup_s or cooldown_s:
-        fields["steady"] = steady_metrics(
-            run.records, run.t0, run.duration, warmup_s, cooldown_s, percentiles, slo, queue_inclusive
-        )
     if run.server_metrics:  # flat, so summary.csv and reports see them; vLLM's names for spec decode
         fields.update(run.server_metrics)
     return fields
+
+
+def point_window(
+    run: PointRun, warmup_s: float, cooldown_s: float, auto: bool
+) -> tuple[tuple[float, float] | None, str] | None:
+    """The steady window asked for, as ((start_s, end_s) from the point's start, rule): None when no window was
+    asked for; a window of None when the point leaves none (too short for --warmup/--cooldown-seconds, or no
+    steady span detected)."""
+    if auto:
+        return auto_window(run.records, run.t0, run.duration), "auto"
+    if not (warmup_s or cooldown_s):
+        return None
+    end_s = run.duration - cooldown_s
+    return ((warmup_s, end_s) if end_s > warmup_s else None), "fixed"

@@ -21,6 +21,7 @@ class RequestRecord:
     send_time: float = 0.0
     sent: bool = True  # False: due, but still waiting for a concurrency slot when --duration ended
     success: bool = False
+    cancelled: bool = False  # aborted mid-stream by the client (`--cancel-rate`): neither a success nor a failure
     error: str | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -39,6 +40,7 @@ class RequestRecord:
     output_valid: bool | None = None  # structured output: parsed and validated (None: unconstrained or failed)
     request_class: str | None = None  # the workload's class of the request (per-class SLOs), None: unclassed
     generated_text: str = ""  # kept in memory for re-tokenising, not written
+    in_window: bool | None = None  # with a steady-state window: inside it (sweep.point.steady_state); else None
 
     @property
     def ttft(self) -> float | None:

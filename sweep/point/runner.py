@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from sweep.point.cancel import CancelConfig, mark_cancellations
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
 from sweep.point.prompts import build_prompts, check_outputs, replay_prompts, tag_classes
 from sweep.point.records import RequestRecord
@@ -62,6 +63,7 @@ class PointSpec:
     turns: int = 1  # > 1: multi-turn sessions (sweep.point.sessions); the load counts sessions
     think_time_s: float = 0.0
     rate_curve: tuple[float, ...] | None = None  # rate mode: window rates shaping the arrivals (workloads.rate_curve)
+    cancel: CancelConfig = field(default_factory=CancelConfig)  # --cancel-rate: requests the client aborts
 
     def __post_init__(self) -> None:
         if self.mode not in ("concurrency", "rate", "replay"):
@@ -322,8 +324,8 @@ def run_point(
     elif spec.turns > 1 or workload.conversations is not None:
         from sweep.point.sessions import session_prompts
 
-        if client_procs > 1:
-            raise ValueError("multi-turn sessions run in one client process; drop --client-procs")
+        if client_procs > 1 or spec.cancel.active:
+            raise ValueError("multi-turn sessions run in one client process, without --cancel-rate")
         specs, sessions, fit_report = session_prompts(spec, workload, tokenizer, salt=f"{salt}-{spec.label}")
         prompts = [turn for turns in sessions for turn in turns]
         offsets = schedule(spec, [s[0] for s in sessions], workload.seed)
@@ -331,6 +333,8 @@ def run_point(
     else:
         specs, prompts, fit_report = build_prompts(workload, tokenizer, spec.pool_size, salt=f"{salt}-{spec.label}")
         offsets = schedule(spec, prompts, workload.seed)
+    if sessions is None:
+        mark_cancellations(prompts, spec.cancel, workload.seed)  # warm-ups are never cancelled
     warmups: list[PromptRequest] = []
     if spec.num_warmups:
         _, warmups, _ = build_prompts(

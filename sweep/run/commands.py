@@ -60,12 +60,26 @@ def sweep(
         0.0, help="Seconds between a turn's response and the session's next turn.", rich_help_panel=LOAD_PANEL
     ),
     warmup_seconds: float = typer.Option(
-        0.0, help="Steady-state window: leave the point's first S seconds out of its `steady` figures.",
+        0.0, help="Steady-state window: the point's figures leave out its first S seconds (the whole point's are "
+        "kept under `full`).",
         rich_help_panel=LOAD_PANEL,
     ),
     cooldown_seconds: float = typer.Option(
-        0.0, help="Steady-state window: leave the point's last S seconds (the drain) out of `steady`.",
+        0.0, help="Steady-state window: the point's figures leave out its last S seconds (the drain).",
         rich_help_panel=LOAD_PANEL,
+    ),
+    steady_window: str | None = typer.Option(
+        None, help="auto: detect each point's steady window (the longest span whose in-flight count stays within "
+        "25 % of its median; docs/SWEEP.md) and report its figures, as --warmup/--cooldown-seconds do.",
+        rich_help_panel=LOAD_PANEL,
+    ),
+    cancel_rate: float = typer.Option(
+        0.0, help="Share of each point's requests (0..1, a seeded choice) the client aborts mid-stream by closing "
+        "the connection; they are recorded as cancelled, not failed.", rich_help_panel=LOAD_PANEL,
+    ),
+    cancel_after: str | None = typer.Option(
+        None, help="--cancel-rate: when to abort, a time after the send (2s, 500ms) or an output-token count "
+        "(16tok).", rich_help_panel=LOAD_PANEL,
     ),
     reset_prefix_cache: bool = typer.Option(
         False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
@@ -141,6 +155,7 @@ def sweep(
     gpus_per_instance: int = shared_option("gpus_per_instance"),
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
+    from sweep.point.cancel import CancelConfig, parse_cancel_after
     from sweep.run.sweeper import SweepConfig, run_sweep
     from workloads.rate_curve import parse_rate_curve
 
@@ -166,6 +181,10 @@ def sweep(
         fail("engine knobs apply only to the built-in engine; drop them or drop --url")
     shared = {"tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}  # the command's and the engine's
     knobs = {**engine_knobs, **{k: v for k, v in shared.items() if v is not None}}
+    try:
+        cancel = CancelConfig(cancel_rate, parse_cancel_after(cancel_after) if cancel_after is not None else None)
+    except ValueError as e:
+        fail(str(e))
     try:
         config = load.config(
             SweepConfig,
@@ -198,6 +217,8 @@ def sweep(
             rate_curve=parse_rate_curve(rate_curve) if rate_curve is not None else None,
             warmup_seconds=warmup_seconds,
             cooldown_seconds=cooldown_seconds,
+            steady_window=steady_window,
+            cancel=cancel,
             ignore_eos=ignore_eos,
             temperature=temperature,
             cost_per_hour=cost_per_hour,

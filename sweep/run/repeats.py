@@ -8,6 +8,8 @@ first or last and a slow drift of the machine touches every point alike.
 A point's published metrics pool the requests of all its repeats over their summed durations (so throughputs
 are averages and latency percentiles are over every request); `repeats` keeps each repeat's own headline
 figures and `repeat_spread` their relative spread (max / min - 1) for a quick look at between-run noise.
+With a steady-state window (sweep.point.steady_state) the pooled figures are the windows': the requests inside
+them, over the windows' summed lengths.
 """
 
 from __future__ import annotations
@@ -47,13 +49,21 @@ def pooled_point(
 ) -> dict[str, Any]:
     """The point of a repeated measurement: metrics over every repeat's rows, plus each repeat's headline."""
     records = [RequestRecord.from_row(row) for row in rows]
-    duration = sum(float(p["duration"]) for p in repeat_points)
     first = repeat_points[0]
     point: dict[str, Any] = {
         key: first[key] for key in ("label", "max_concurrency", "request_rate", "burstiness") if key in first
     }
     point["num_prompts"] = len(records)
+    windowed = [p for p in repeat_points if p.get("window") == "steady"]
+    if windowed:  # steady windows: the requests inside them, over the windows' summed lengths
+        records = [r for r in records if r.in_window is not False]
+    duration = sum(float(p["duration"]) for p in repeat_points)
     point.update(calculate_metrics(records, duration, percentiles, slo, queue_inclusive))
+    if windowed:  # the windows' own throughputs (tokens by chunk time inside them), weighted by their lengths
+        for key in ("output_throughput", "request_throughput"):
+            point[key] = sum(float(p[key]) * float(p["duration"]) for p in repeat_points) / max(duration, 1e-9)
+        point.pop("total_token_throughput", None)
+        point.update(window="steady", window_rule=first.get("window_rule"))
     point["num_repeats"] = len(repeat_points)
     point["repeats"] = [{key: p.get(key) for key in HEADLINE_FIELDS} for p in repeat_points]
     point["repeat_spread"] = {

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sweep.point.cancel import CancelConfig
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
 from sweep.run.load_config import LoadConfig
 
@@ -40,8 +41,10 @@ class SweepConfig(LoadConfig):
     turns: int = 1  # > 1: multi-turn sessions (sweep.point.sessions), chat endpoint only
     think_time_s: float = 0.0
     rate_curve: list[float] | None = None  # --rate-curve: window rates shaping every rate point (workloads.rate_curve)
-    warmup_seconds: float = 0.0  # steady-state window (sweep.point.steady_state): ramp-up left out of `steady`
+    warmup_seconds: float = 0.0  # steady window (sweep.point.steady_state): the figures leave out the ramp-up
     cooldown_seconds: float = 0.0  # ... and the drain
+    steady_window: str | None = None  # "auto": detect the window (sweep.point.steady_state.auto_window)
+    cancel: CancelConfig = field(default_factory=CancelConfig)  # --cancel-rate/--cancel-after (sweep.point.cancel)
     health_timeout_s: float = 600.0
     health_path: str = "/health"  # a launched server without /health (llama.cpp's) is ready once this answers 200
     request_timeout_s: float | None = REQUEST_TIMEOUT_S  # a request running longer fails with "Timeout"; 0/None: off
@@ -83,6 +86,12 @@ class SweepConfig(LoadConfig):
                 f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "
                 f"{self.cooldown_seconds}"
             )
+        if self.steady_window not in (None, "auto"):
+            raise ValueError(f"--steady-window takes 'auto', got {self.steady_window!r}")
+        if self.steady_window == "auto" and (self.warmup_seconds or self.cooldown_seconds):
+            raise ValueError("--steady-window auto detects the window; drop --warmup-seconds/--cooldown-seconds")
+        if self.cancel.active and sessions:
+            raise ValueError("--cancel-rate cancels single requests; it does not combine with --turns/--conversations")
         for flag, name in (("--request-timeout", "request_timeout_s"), ("--stall-timeout", "stall_timeout_s")):
             value = getattr(self, name)
             if value is not None and value < 0:

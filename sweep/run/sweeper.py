@@ -21,10 +21,11 @@ from sweep.point.benchmark_metrics import (
     queue_inclusive_applies,
 )
 from sweep.point.client import ClientConfig
-from sweep.point.point_fields import extra_point_fields
+from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
+from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
@@ -124,6 +125,8 @@ class Sweeper:
             "server_metrics": cfg.server_metrics,
             "warmup_seconds": cfg.warmup_seconds,
             "cooldown_seconds": cfg.cooldown_seconds,
+            "steady_window": cfg.steady_window,
+            **cfg.cancel.record(),
             "ramp_up": cfg.ramp_up,
             "turns": cfg.turns,
             "think_time_s": cfg.think_time_s,
@@ -152,6 +155,7 @@ class Sweeper:
                 duration=cfg.duration,
                 num_warmups=cfg.num_warmups,
                 time_scale=value,
+                cancel=cfg.cancel,
             )
         return cfg.point_spec(
             value,
@@ -160,6 +164,7 @@ class Sweeper:
             turns=cfg.turns,
             think_time_s=cfg.think_time_s,
             rate_curve=tuple(cfg.rate_curve) if cfg.rate_curve is not None else None,
+            cancel=cfg.cancel,
         )
 
     def measure(self, value: float, repeat: int = 0) -> dict[str, Any]:
@@ -187,6 +192,9 @@ class Sweeper:
                 f"[yellow]{spec.label}: {point['not_sent']} requests were due but never sent (still waiting for a "
                 "--max-concurrency slot when --duration ended); they count as SLO misses[/yellow]"
             )
+        if point.get("cancelled"):
+            self.console.print(f"[dim]{spec.label}: {point['cancelled']} requests cancelled by the client "
+                               "(--cancel-rate); neither completed nor failed[/dim]")
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
         if self.server is None and point["failed"]:
@@ -292,14 +300,20 @@ class Sweeper:
         }
         self._add_cost(point, run.records, run.duration)
         cfg = self.config
-        point.update(
-            extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive, cfg.warmup_seconds, cfg.cooldown_seconds)
-        )
-        if "steady" in point and point["steady"] is None:
+        point.update(extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive))
+        asked = point_window(run, cfg.warmup_seconds, cfg.cooldown_seconds, cfg.steady_window == "auto")
+        if asked is not None and asked[0] is None:
+            point["window"] = "full"
+            reason = "no steady span was detected" if asked[1] == "auto" else (
+                "it is shorter than --warmup-seconds + --cooldown-seconds")
             self.console.print(
-                f"[yellow]{spec.label}: the point ran {run.duration:.1f} s, shorter than --warmup-seconds + "
-                "--cooldown-seconds; no steady-state window[/yellow]"
+                f"[yellow]{spec.label}: the point ran {run.duration:.1f} s and {reason}; its figures are over the "
+                "whole point (window: full)[/yellow]"
             )
+        elif asked is not None:
+            window, rule = asked
+            point = windowed_point(point, run.records, run.t0, window, rule, cfg.percentiles, cfg.slo, queue_inclusive)
+            self._add_cost(point, [r for r in run.records if r.in_window], float(point["duration"]))
         point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
@@ -332,7 +346,9 @@ class Sweeper:
             result, cfg.search_repeats, lambda value, r: float(self.measure(value, r)["slo_attainment"] or 0.0)
         )
         labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
-        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo}
+        fixed = cfg.warmup_seconds or cfg.cooldown_seconds
+        rule = "auto" if cfg.steady_window == "auto" else "fixed" if fixed else None  # probes judged by windows
+        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo, "steady_window": rule}
         self.writer.write_search(search)
         unit = "streams" if cfg.mode == "concurrency" else "req/s"
         if result.best is None:

@@ -51,6 +51,9 @@ class TrialWorkload:
     burstiness: float = 1.0
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
     gpus_per_instance: int = 1
+    warmup_seconds: float = 0.0  # a steady window (sweep.point.steady_state): the trial reads the window's figures
+    cooldown_seconds: float = 0.0
+    steady_window: str | None = None  # "auto": detect each point's window
 
 
 def process_start(pid: int) -> str | None:
@@ -197,6 +200,7 @@ class EngineBackend:
             percentiles=list(w.percentiles), resume=True, command=shlex.join(server.command),
             cost_per_hour=w.cost_per_hour, gpus_per_instance=w.gpus_per_instance,
             devices_used=occupied_devices(all_knobs) if w.cost_per_hour is not None else None,
+            warmup_seconds=w.warmup_seconds, cooldown_seconds=w.cooldown_seconds, steady_window=w.steady_window,
         )
         # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:

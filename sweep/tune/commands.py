@@ -143,6 +143,9 @@ def tune(
         help="USD per instance-hour: points get cost_per_million_output_tokens (--objective cost needs it).",
     ),
     gpus_per_instance: int = shared_option("gpus_per_instance"),
+    steady_window: str | None = typer.Option(
+        None, help="auto: judge every point by its detected steady window (bench sweep --steady-window auto)."
+    ),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
         "are infeasible, cause quality (measured with `bench check quality` once per weight and KV-cache dtype "
@@ -181,6 +184,8 @@ def tune(
             raise ValueError("--slo needs at least one of ttft, tpot, e2el, itl_p99, max_stall")
         if concurrency is not None and request_rate is not None:
             raise ValueError("give --concurrency or --request-rate, not both")
+        if steady_window not in (None, "auto"):
+            raise ValueError(f"--steady-window takes 'auto', got {steady_window!r}")
         if trial_timeout < 0:
             raise ValueError(f"--trial-timeout must be >= 0 (0: no limit), got {trial_timeout}")
         if objective == "cost" and cost_per_hour is None:
@@ -267,6 +272,7 @@ def tune(
         load_mode=mode,
         cost_per_hour=cost_per_hour,
         gpus_per_instance=gpus_per_instance,
+        steady_window=steady_window,
     )
     info = {
         "model": model,

@@ -229,3 +229,18 @@ def test_gate_on_imported_vllm_results(tmp_path, fixtures_dir):
                                       "--metric", "ttft_p90,tpot_p50,itl_p50,e2el_mean,failure_rate"])
     assert result.exit_code == 0, result.output
     assert "| c0004 | itl_p50 |" in result.output
+
+
+def test_cancelled_requests_are_not_failures_in_the_gate():
+    """`bench sweep --cancel-rate`: a third of c0004 aborted by the client is not a failure-rate regression."""
+    baseline = synthetic_run("base", seed=31, num_prompts=80)
+    cancelling = synthetic_run("cancelling", seed=32, num_prompts=80)
+    rows = cancelling.requests
+    aborted = rows.index[(rows["label"] == "c0004") & (rows["index"] % 3 == 0)]
+    rows["cancelled"] = False
+    rows.loc[aborted, "success"] = False
+    rows.loc[aborted, "cancelled"] = True
+    result = run_gate(baseline, cancelling, GateConfig(metrics=("failure_rate",)))
+    assert result.passed
+    (comparison,) = [c for c in result.comparisons if c.point == "c0004"]
+    assert comparison.n_candidate == (rows["label"] == "c0004").sum() - len(aborted)

@@ -95,3 +95,21 @@ def test_report_warns_when_the_host_was_busy_or_slow(tmp_path, fixture_run):
         assert "host slow: the machine-speed check measured 60 GFLOP/s" in text
     quiet = reports.render_report([fixture_run], tmp_path / "quiet")
     assert "host busy" not in quiet.read_text() and "Warning" not in (tmp_path / "quiet" / "report.md").read_text()
+
+
+def test_the_point_table_and_the_window_line_say_what_the_figures_cover():
+    from synthetic_runs import synthetic_run
+
+    from reports.tables import point_table, window_note
+
+    run = synthetic_run("steady", seed=5, num_prompts=20)
+    assert window_note(run) == "" and "cancelled" not in point_table(run)
+    labels = list(run.points["label"])
+    run.points["window"] = ["steady"] + ["full"] * (len(labels) - 1)
+    run.points["window_rule"] = ["auto"] + [None] * (len(labels) - 1)
+    run.points["window_start_s"] = [1.0] + [None] * (len(labels) - 1)
+    run.points["window_end_s"] = [9.5] + [None] * (len(labels) - 1)
+    run.points["cancelled"] = [3] + [0] * (len(labels) - 1)
+    note = window_note(run)
+    assert f"{labels[0]} 1.0-9.5 s (auto)" in note and f"{labels[1]} whole point" in note
+    assert point_table(run)["cancelled"].tolist() == [3] + [0] * (len(labels) - 1)

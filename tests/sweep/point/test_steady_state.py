@@ -1,11 +1,13 @@
-"""Steady-state windows, hand-computed: t0 = 0, the point ends at 10 s, warm-up 2 s and cool-down 2 s."""
+"""Steady-state windows, hand-computed: t0 = 0, the point ends at 10 s, warm-up 2 s and cool-down 2 s; the detected
+window of a point with a ramp, a plateau and a drain; and the window's figures as the point's reported ones."""
 
 from __future__ import annotations
 
 import pytest
 
+from sweep.point.benchmark_metrics import calculate_metrics
 from sweep.point.records import RequestRecord
-from sweep.point.steady_state import steady_metrics, window_records
+from sweep.point.steady_state import auto_window, steady_metrics, window_records, windowed_point
 
 
 def done(index: int, send: float, chunks: list[float]) -> RequestRecord:
@@ -54,3 +56,48 @@ def test_steady_figures_leave_out_ramp_and_drain() -> None:
 
 def test_no_window_when_the_point_is_too_short() -> None:
     assert steady_metrics(RECORDS, 0.0, 3.0, 2.0, 2.0, [50]) is None
+
+
+def plateau_records() -> list[RequestRecord]:
+    """A 20 s closed loop at ~4 in flight from 2 s to 16 s, with a 2 s ramp (1 in flight) and a 4 s drain (1)."""
+    records = [done(0, 0.0, [0.5, 2.0])]  # the ramp: one request
+    index = 1
+    for stream in range(4):  # four streams of 1-s requests, 2 s .. 16 s
+        for k in range(14):
+            send = 2.0 + k + stream * 0.01
+            records.append(done(index, send, [send + 0.2, send + 0.99]))
+            index += 1
+    records.append(done(index, 16.0, [16.5, 20.0]))  # the drain: one long request
+    return records
+
+
+def test_auto_window_finds_the_plateau_of_in_flight_requests() -> None:
+    records = plateau_records()
+    window = auto_window(records, t0=0.0, duration=20.0)
+    assert window == pytest.approx((2.0, 16.0))  # bins of 1 s; the ramp and the drain fall outside the band
+    assert auto_window([], 0.0, 20.0) is None
+
+
+def test_windowed_point_reports_the_window_and_keeps_the_whole_point() -> None:
+    records = list(RECORDS)
+    full = calculate_metrics(records, 10.0, [50], {"ttft_ms": 300.0})
+    point = windowed_point({"label": "c0001", **full}, records, 0.0, (2.0, 8.0), "fixed", [50], {"ttft_ms": 300.0},
+                           False)
+    assert (point["window"], point["window_rule"], point["duration"]) == ("steady", "fixed", pytest.approx(6.0))
+    assert point["completed"] == 2 and point["slo_attainment"] == pytest.approx(1 / 3)
+    assert point["full"]["completed"] == 4 and point["full"]["duration"] == 10.0
+    assert "total_token_throughput" not in point and "total_token_throughput" in point["full"]
+    assert [r.in_window for r in records] == [False, True, True, False, True]
+
+
+def test_the_window_a_point_is_reported_over() -> None:
+    from sweep.point.point_fields import point_window
+    from sweep.point.runner import PointRun, PointSpec
+
+    spec = PointSpec(label="c0004", mode="concurrency", concurrency=4, num_prompts=58)
+    run = PointRun(spec, plateau_records(), prompts=[], specs=[], t0=0.0, duration=20.0)
+    assert point_window(run, 0.0, 0.0, auto=False) is None  # no window asked for: the whole point, unmarked
+    assert point_window(run, 3.0, 2.0, auto=False) == ((3.0, 18.0), "fixed")
+    assert point_window(run, 12.0, 9.0, auto=False) == (None, "fixed")  # too short: reported whole
+    window, rule = point_window(run, 0.0, 0.0, auto=True)  # type: ignore[misc]
+    assert rule == "auto" and window == pytest.approx((2.0, 16.0))

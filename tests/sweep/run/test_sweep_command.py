@@ -196,3 +196,22 @@ def test_the_report_is_rendered_by_the_renderer_the_command_layer_hands_in(tmp_p
     assert unwired.exit_code == 0, unwired.output
     assert (bare_dir / "points" / "c0001.json").is_file() and not (bare_dir / "report").exists()
     assert "report:" not in unwired.output
+
+
+@pytest.mark.slow
+def test_cancellations_against_the_builtin_engine(tmp_path: Path) -> None:
+    """`--cancel-rate 0.5 --cancel-after 2tok` against `bench serve`: half the requests are aborted after two tokens,
+    recorded as cancelled, and the engine stops generating them (its generated-token counter stays far below the
+    full outputs)."""
+    out = tmp_path / "run"
+    done = bench("sweep", "--model", "tiny-random", "--concurrency", "2", "--num-prompts", "6", "--input-len", "16",
+                 "--output-len", "96", "--max-num-seqs", "4", "--cancel-rate", "0.5", "--cancel-after", "2tok",
+                 "--no-report", "--no-calibration", "--output-dir", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sweep.load_results(out)
+    point, requests = results.points.iloc[0], results.requests
+    assert (point["completed"], point["failed"], point["cancelled"]) == (3, 0, 3)
+    cancelled = requests[requests["cancelled"]]
+    assert len(cancelled) == 3 and (cancelled["output_tokens"] < 96).all()
+    assert (requests.loc[~requests["cancelled"], "output_tokens"] == 96).all()
+    assert point["generation_tokens"] < 3 * 96 + 3 * 48  # the aborted requests did not run on to 96 tokens

@@ -222,18 +222,66 @@ def test_requests_still_waiting_for_a_slot_at_the_end_are_recorded_as_not_sent(
     requests still queued at the stop, so attainment stayed at 1.0; every due request must be accounted for."""
     cfg = config(mock, tmp_path / "over", mode="rate", values=[400.0], max_concurrency=1, num_prompts=None,
                  duration=0.5, num_warmups=0, warmup_seconds=0.1, cooldown_seconds=0.05)
-    results = sweep.load_results(run_sweep(cfg))
-    point, rows = results.points.iloc[0], results.requests
+    run_dir = run_sweep(cfg)
+    results = sweep.load_results(run_dir)
+    steady, rows = results.points.iloc[0], results.requests
+    point = steady["full"]  # the whole point's figures; the reported ones are the steady window's
     assert point["not_sent"] > 0 and point["failed"] == 0
-    assert point["completed"] + point["not_sent"] == len(rows) == point["num_prompts"] + point["not_sent"]
+    assert point["completed"] + point["not_sent"] == len(rows) == steady["num_prompts"] + point["not_sent"]
     unsent = rows[~rows["sent"]]
     assert len(unsent) == point["not_sent"] and unsent["error"].str.startswith("NotSent").all()
     first_send = rows.loc[rows["sent"], "send_time"].min()
     assert (unsent["intended_send_time"] < first_send + results.config["sweep"]["duration"]).all()  # all were due
     assert point["slo_attainment"] == pytest.approx(point["completed"] / len(rows)) and point["slo_attainment"] < 0.9
-    steady = point["steady"]  # the full figures are kept; the window's sit beside them
+    assert (steady["window"], steady["window_rule"]) == ("steady", "fixed")
     assert (steady["window_start_s"], steady["window_end_s"]) == pytest.approx((0.1, point["duration"] - 0.05))
+    assert steady["duration"] == pytest.approx(point["duration"] - 0.15)
     assert 0 < steady["completed"] < point["completed"] and 0 < steady["not_sent"] < point["not_sent"]
+    inside = rows[rows["in_window"].astype(bool)]
+    assert len(inside) == steady["completed"] + steady["not_sent"]
+    assert steady["slo_attainment"] == pytest.approx(steady["completed"] / len(inside))
+    with open(run_dir / "summary.csv") as f:  # summary.csv reports the window's figures, and says so
+        (summary,) = list(csv.DictReader(f))
+    assert summary["window"] == "steady" and int(summary["completed"]) == steady["completed"]
+    assert float(summary["slo_attainment"]) == pytest.approx(steady["slo_attainment"])
+    from reports.importers import load_run
+
+    run = load_run(run_dir)  # reports and the gate read only the rows inside the window
+    assert len(run.requests) == len(inside)
+
+
+def test_cancelled_requests_in_a_sweep(mock: ServerProcess, tmp_path: Path) -> None:
+    """--cancel-rate 0.5 --cancel-after 2tok: half the requests (seeded) are aborted after 2 tokens; the point
+    counts them as cancelled (not failed), its rows say so, and summary.csv and the report table show them."""
+    from reports.importers import load_run
+    from reports.tables import point_table
+    from sweep.point.cancel import CancelAfter, CancelConfig
+
+    cancel = CancelConfig(0.5, CancelAfter(tokens=2))
+    cfg = config(mock, tmp_path / "cancel", values=[2], workload=WorkloadConfig(workload="fixed", input_len=16,
+                 output_len=8, seed=1), num_warmups=0, cancel=cancel)
+    run_dir = run_sweep(cfg)
+    results = sweep.load_results(run_dir)
+    point, rows = results.points.iloc[0], results.requests
+    assert (point["completed"], point["failed"], point["cancelled"]) == (4, 0, 4)
+    assert rows["cancelled"].sum() == 4 and not rows.loc[rows["cancelled"], "success"].any()
+    assert (rows.loc[rows["cancelled"], "output_tokens"] < 8).all()
+    assert point["slo_attainment"] == 1.0  # the cancelled requests are out of the denominator
+    assert results.config["sweep"]["cancel_rate"] == 0.5 and results.config["sweep"]["cancel_after"] == "2tok"
+    with open(run_dir / "summary.csv") as f:
+        assert int(next(csv.DictReader(f))["cancelled"]) == 4
+    assert point_table(load_run(run_dir))["cancelled"].tolist() == [4]
+
+
+def test_the_search_judges_loads_by_their_steady_windows(mock: ServerProcess, tmp_path: Path) -> None:
+    run_dir = run_sweep(config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=2,
+                               num_warmups=0, num_prompts=8, warmup_seconds=0.001))
+    search = json.loads((run_dir / "search.json").read_text())
+    assert search["steady_window"] == "fixed" and search["labels"] == ["c0001", "c0002"]
+    for label, probe in zip(search["labels"], search["probes"], strict=True):
+        point = json.loads((run_dir / "points" / f"{label}.json").read_text())
+        assert point["window"] == "steady" and probe["attainment"] == point["slo_attainment"]
+        assert point["completed"] < point["full"]["completed"]  # the first request, sent at the start, is out
 
 
 def test_a_url_target_is_priced_as_the_whole_instance_unless_its_devices_are_given(
