@@ -11,6 +11,7 @@ import pandas as pd
 
 from reports.importers import RunData
 from reports.recompute import percentile_key, ttft_decomposition
+from sweep.point.saturation import is_saturated
 
 
 def point_table(run: RunData) -> pd.DataFrame:
@@ -35,6 +36,10 @@ def point_table(run: RunData) -> pd.DataFrame:
     if "request_goodput" in pts and pts["request_goodput"].notna().any():
         table["goodput req/s"] = pd.to_numeric(pts["request_goodput"], errors="coerce").to_numpy()
         table["SLO attainment"] = pd.to_numeric(pts["slo_attainment"], errors="coerce").to_numpy()
+    if "saturated" in pts and pts["saturated"].notna().any():  # rate points the over-saturation detector judged
+        table["saturated"] = [
+            f"at {p['saturated_at_s']:.1f} s" if is_saturated(p) else "no" for p in pts.to_dict("records")
+        ]
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
         table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table
