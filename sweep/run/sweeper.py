@@ -2,6 +2,8 @@
 
 `Sweeper.measure(load)` runs (or, on resume, reloads) one point and returns its point dict; `Sweeper.run()`
 walks the configured loads or runs the `--max-load-under-slo` search. The tuner drives `measure` directly.
+A rate point the over-saturation detector marks (sweep.point.saturation) counts as failing the SLO in the search;
+with `--stop-when-saturated` it ends early and `run()` skips the higher loads (listed in skipped.json).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sweep.point.point_fields import extra_point_fields
 from sweep.point.prompts import build_prompts
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
+from sweep.point.saturation import is_saturated, saturation_fields, saturation_message
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
@@ -131,6 +134,8 @@ class Sweeper:
             "temperature": cfg.temperature,
             "request_timeout_s": cfg.request_timeout_s,
             "stall_timeout_s": cfg.stall_timeout_s,
+            "stop_when_saturated": cfg.saturation.stop,
+            "saturation": asdict(cfg.saturation),
         }
         return run_config(
             cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, calibration=self.calibration
@@ -172,6 +177,8 @@ class Sweeper:
             point = self.writer.load_point(spec.label)
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
             self._print_row(point)
+            if is_saturated(point):
+                self.console.print(f"[red]{saturation_message(point)}[/red]")
             return point
         run = self._run_point(spec)
         self._check_server_alive()
@@ -188,7 +195,9 @@ class Sweeper:
             )
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
-        if self.server is None and point["failed"]:
+        if is_saturated(point):
+            self.console.print(f"[red]{saturation_message(point)}[/red]")
+        if self.server is None and point["failed"] and not point.get("saturation", {}).get("stopped"):
             check_target_healthy(self.client.url, spec.label, point["failed"])
         return point
 
@@ -215,6 +224,7 @@ class Sweeper:
                 client_procs=self.config.client_procs,
                 on_done=lambda: progress.advance(task),
                 server_metrics=self.config.server_metrics,
+                saturation=self.config.saturation,
             )
 
     def measure_repeat(self, value: float, repeat: int) -> dict[str, Any]:
@@ -272,6 +282,7 @@ class Sweeper:
 
     def point_dict(self, run: PointRun) -> dict[str, Any]:
         spec = run.spec
+        saturation = run.extras.pop("saturation", None)
         rate = run.extras.pop("replayed_rate", spec.rate)  # replay: the trace's offered rate at this time scale
         queue_inclusive = queue_inclusive_applies(spec.concurrency, rate)
         metrics = calculate_metrics(
@@ -295,6 +306,7 @@ class Sweeper:
                 f"[yellow]{spec.label}: the point ran {run.duration:.1f} s, shorter than --warmup-seconds + "
                 "--cooldown-seconds; no steady-state window[/yellow]"
             )
+        point.update(saturation_fields(saturation))
         point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
@@ -322,10 +334,8 @@ class Sweeper:
         cfg = self.config
         assert self.writer is not None
         config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
-        result = max_load_under_slo(config, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
-        result = confirm_boundary(
-            result, cfg.search_repeats, lambda value, r: float(self.measure(value, r)["slo_attainment"] or 0.0)
-        )
+        result = max_load_under_slo(config, lambda value: _attainment(self.measure(value)))
+        result = confirm_boundary(result, cfg.search_repeats, lambda value, r: _attainment(self.measure(value, r)))
         labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
         search = {**result.to_dict(), "labels": labels, "slo": cfg.slo}
         self.writer.write_search(search)
@@ -352,7 +362,32 @@ class Sweeper:
                 self.measure_repeat(value, repeat)
             assert self.writer is not None
             return [self.writer.load_point(self.config.label(value)) for value in self.config.values]
-        return [self.measure(value) for value in self.config.values]
+        return self.run_loads()
+
+    def run_loads(self) -> list[dict[str, Any]]:
+        """Measure every configured load; with --stop-when-saturated, loads above a saturated one are skipped
+        (said on the console and listed in skipped.json, which the report shows)."""
+        assert self.writer is not None
+        points: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        saturated: tuple[float, str] | None = None  # the lowest load that saturated, and its label
+        for value in self.config.values:
+            if saturated is not None and value > saturated[0]:
+                label = self.config.label(value)
+                reason = f"skipped: a lower load ({saturated[1]}) saturated (--stop-when-saturated)"
+                skipped.append({"label": label, "request_rate": value, "reason": reason})
+                self.console.print(f"[yellow]{label}: {reason}[/yellow]")
+                continue
+            points.append(self.measure(value))
+            if self.config.saturation.stop and is_saturated(points[-1]) and (saturated is None or value < saturated[0]):
+                saturated = (value, points[-1]["label"])
+        self.writer.write_skipped(skipped)
+        return points
+
+
+def _attainment(point: dict[str, Any]) -> float:
+    """The search's view of a point: its SLO attainment, 0 when it saturated (its latencies measure a queue)."""
+    return 0.0 if is_saturated(point) else float(point["slo_attainment"] or 0.0)
 
 
 def run_sweep(config: SweepConfig, console: Console | None = None) -> Path:
