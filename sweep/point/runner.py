@@ -194,27 +194,22 @@ async def dispatch(
     """Send `prompts[i]` at `t0 + offsets[i]` (later if the concurrency cap is full); skip those not sent by
     `stop_at`. Returns the records of the requests actually sent, in index order. `on_record` sees each record
     as its request ends. Once `stop` is done nothing more is sent and the requests in flight are cancelled
-    (recorded as failed, `saturation.STOPPED_ERROR`)."""
+    (`sweep.point.watch.stoppable`)."""
     semaphore = asyncio.Semaphore(concurrency) if concurrency else None
-    if stop is not None:
-        from sweep.point.watch import send_unless_stopped
+    sent_at: dict[int, float] = {}
 
     async def one(prompt: PromptRequest, offset: float) -> RequestRecord | None:
         prompt.intended_send_time = t0 + offset
         delay = prompt.intended_send_time - time.perf_counter()
-        if stop is not None:
-            await asyncio.wait([stop], timeout=max(delay, 0.0))
-        elif delay > 0:
+        if delay > 0:
             await asyncio.sleep(delay)
         if semaphore is not None:
             await semaphore.acquire()
         try:
             if (stop_at is not None and time.perf_counter() >= stop_at) or (stop is not None and stop.done()):
                 return None
-            sending = send_request(session, client, prompt) if stop is None else send_unless_stopped(
-                session, client, prompt, stop
-            )
-            record = await sending
+            sent_at[prompt.index] = time.perf_counter()
+            record = await send_request(session, client, prompt)
         finally:
             if semaphore is not None:
                 semaphore.release()
@@ -224,6 +219,10 @@ async def dispatch(
             on_done()
         return record
 
+    if stop is not None:
+        from sweep.point.watch import stoppable
+
+        one = stoppable(one, stop, sent_at)
     # One sleep to t0 for all: requests due at the same time (a closed loop's first wave) then start, and take the
     # semaphore, in index order, as `bench simulate` sends them. A sleep per request to the same instant would wake
     # them in the timer heap's order, which is arbitrary among equal deadlines.

@@ -10,44 +10,56 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 
-from sweep.point.client import ClientConfig, PromptRequest, send_request
+from sweep.point.client import ClientConfig, PromptRequest
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointSpec, dispatch, not_sent_records
 from sweep.point.saturation import NOT_SENT_AT_STOP, STOPPED_ERROR, SaturationConfig, SaturationMonitor
 
+Send = Callable[[PromptRequest, float], Awaitable[RequestRecord | None]]
 
-async def send_unless_stopped(
-    session: aiohttp.ClientSession, client: ClientConfig, prompt: PromptRequest, stop: asyncio.Future[None]
-) -> RequestRecord:
-    """`send_request`, cancelled when `stop` is done first: then a failed record with the send and cancel times
-    (what the stream had delivered is not kept)."""
-    send_time = time.perf_counter()
-    task = asyncio.ensure_future(send_request(session, client, prompt))
-    await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        return await task  # it may have finished in the meantime
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if not task.cancelled() or (current is not None and current.cancelling()):
-            raise  # the sweep itself is being interrupted
-    now = time.perf_counter()
-    return RequestRecord(
-        index=prompt.index,
-        requested_input_len=prompt.input_len,
-        requested_output_len=prompt.output_len,
-        intended_send_time=prompt.intended_send_time,
-        send_time=send_time,
-        error=STOPPED_ERROR,
-        end_time=now,
-    )
+
+def stoppable(send: Send, stop: asyncio.Future[None], sent_at: dict[int, float]) -> Send:
+    """`dispatch`'s per-request coroutine, cancelled when `stop` is done: one done-callback on `stop` cancels every
+    request still sleeping to its due time, queued for a slot or in flight. A request cancelled in flight becomes a
+    failed record (`STOPPED_ERROR`, its send time from `sent_at`, what it had streamed not kept); one cancelled
+    before it was sent gives no record. Any other cancellation (the sweep interrupted) propagates."""
+    waiting: set[asyncio.Task] = set()
+
+    def cancel_all(_: asyncio.Future[None]) -> None:
+        for task in list(waiting):
+            task.cancel()
+
+    stop.add_done_callback(cancel_all)
+
+    async def send_unless_stopped(prompt: PromptRequest, offset: float) -> RequestRecord | None:
+        task = asyncio.current_task()
+        assert task is not None
+        waiting.add(task)
+        try:
+            return await send(prompt, offset)
+        except asyncio.CancelledError:
+            if not stop.done():
+                raise
+            if prompt.index not in sent_at:
+                return None
+            return RequestRecord(
+                index=prompt.index,
+                requested_input_len=prompt.input_len,
+                requested_output_len=prompt.output_len,
+                intended_send_time=prompt.intended_send_time,
+                send_time=sent_at[prompt.index],
+                error=STOPPED_ERROR,
+                end_time=time.perf_counter(),
+            )
+        finally:
+            waiting.discard(task)
+
+    return send_unless_stopped
 
 
 async def dispatch_watched(

@@ -334,8 +334,10 @@ class Sweeper:
         cfg = self.config
         assert self.writer is not None
         config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
-        result = max_load_under_slo(config, lambda value: _attainment(self.measure(value)))
-        result = confirm_boundary(result, cfg.search_repeats, lambda value, r: _attainment(self.measure(value, r)))
+        result = max_load_under_slo(config, lambda value: search_attainment(self.measure(value)))
+        result = confirm_boundary(
+            result, cfg.search_repeats, lambda value, r: search_attainment(self.measure(value, r))
+        )
         labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
         search = {**result.to_dict(), "labels": labels, "slo": cfg.slo}
         self.writer.write_search(search)
@@ -385,7 +387,7 @@ class Sweeper:
         return points
 
 
-def _attainment(point: dict[str, Any]) -> float:
+def search_attainment(point: dict[str, Any]) -> float:
     """The search's view of a point: its SLO attainment, 0 when it saturated (its latencies measure a queue)."""
     return 0.0 if is_saturated(point) else float(point["slo_attainment"] or 0.0)
 
