@@ -9,10 +9,14 @@ not the server. While a rate point runs, `SaturationMonitor` samples every `inte
 - `ramp_s`, the ramp-up's length: the `ramp_quantile` (p90) E2EL of the point's first `ramp_requests` (20)
   requests, once they have all finished (their E2EL is the service time before any queue could build up).
 
-The rule (`SaturationDetector`), evaluated at each sample over the last `window_s` seconds (10 s):
+The rule (`SaturationDetector`), evaluated at each sample over the last `window_s` seconds (10 s), or over
+`ramp_windows` (4) x `ramp_s` when that is longer (a stable queue's in-flight count wanders on the time scale of
+its service time, so the window spans several):
 
 1. rate deficit: the completion rate over the window is below the rate the client offered over it (due
-   requests / window) by more than `rate_margin` (10 %): finished < 0.9 x due;
+   requests / window) by more than `rate_margin` (10 %): finished < 0.9 x due, and the shortfall (the in-flight
+   count's rise over the window) exceeds `noise_z` (4) x sqrt(2 x in-flight at the window's start, at most the due
+   count), what a stable queue's count fluctuates by (its variance is about its mean, as a Poisson count's);
 2. rising backlog: the least-squares slope of `in_flight` over the window's samples is > 0 and its t-statistic
    (slope / its standard error) is at least `min_t_stat` (4): the backlog grows steadily, not by a burst;
 3. both hold at `confirm` (3) consecutive samples;
@@ -25,7 +29,7 @@ Below capacity the completions catch up with the sends after the ramp (1 fails) 
 fluctuates around its level (2 fails). Above it (offered rate x capacity ratio rho > 1), completions run at the
 capacity, 1 - 1/rho below the offer (a third at 1.5x), and the backlog grows by (rho - 1) x capacity each second.
 The point is then marked `saturated: true` with `saturated_at_s` (seconds from the point's start) and the
-evidence (`saturation`); with `--stop-when-saturated` the point stops there (sweep.point.runner).
+evidence (`saturation`); with `--stop-when-saturated` the point stops there (sweep.point.watch).
 
 Measured (tests/sweep/point/test_saturation.py, 40 seeded synthetic 60 s trials each: Poisson arrivals into a FIFO
 server with 8 slots, service 0.25 s +- 50 %, sampled as above): at 0.5x and 0.9x capacity the detector never fired
