@@ -23,6 +23,7 @@ from sweep.point.records import RequestRecord
 from sweep.point.runner import PointSpec, WorkloadConfig
 from sweep.point.saturation import NOT_SENT_AT_STOP, STOPPED_ERROR, Saturation, SaturationConfig
 from sweep.point.watch import stopped_point_records
+from sweep.run.repeats import pooled_point
 from sweep.run.sweeper import SweepConfig, Sweeper, search_attainment
 
 TTFT_MS, ITL_MS, OUTPUT_LEN, SLOTS = 20.0, 5.0, 20, 4
@@ -108,3 +109,14 @@ def test_a_stopped_point_keeps_what_was_due_by_the_stop() -> None:
 def test_the_search_takes_a_saturated_point_as_failing() -> None:
     assert search_attainment({"slo_attainment": 0.97, "saturated": True}) == 0.0
     assert search_attainment({"slo_attainment": 0.97, "saturated": False}) == 0.97
+
+
+def test_a_repeated_point_is_saturated_when_any_repeat_was() -> None:
+    calm = {"label": "r0010.00", "duration": 2.0, "saturated": False}
+    saturated = {"label": "r0010.00", "duration": 1.0, "saturated": True, "saturated_at_s": 1.5,
+                 "saturation": {"offered_rps": 10.0}}
+    pooled = pooled_point([calm, saturated], [], [50.0], None, False)
+    assert pooled["saturated"] is True and pooled["saturated_at_s"] == 1.5
+    assert pooled["saturation"] == {"offered_rps": 10.0, "repeats": [None, 1.5]}
+    assert pooled_point([calm, calm], [], [50.0], None, False)["saturated"] is False
+    assert "saturated" not in pooled_point([{"label": "c0001", "duration": 1.0}], [], [50.0], None, False)
