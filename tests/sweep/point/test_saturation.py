@@ -62,7 +62,7 @@ def test_never_fires_below_capacity(rho: float) -> None:
 
 @pytest.mark.parametrize("rho,within_s", [(1.2, 21.0), (1.5, 12.5), (2.0, 12.5), (4.0, 12.5)])
 def test_fires_above_capacity_within_a_stated_time(rho: float, within_s: float) -> None:
-    fired = [detect(simulated_samples(rho, seed), SaturationConfig()) for seed in range(TRIALS)]
+    fired = [detect(simulated_samples(rho, seed, duration=30.0), SaturationConfig()) for seed in range(TRIALS)]
     times = [f.at_s for f in fired if f is not None]
     assert len(times) == TRIALS and max(times) <= within_s
     assert min(times) >= SaturationConfig().min_observe_s
