@@ -34,10 +34,10 @@ evidence (`saturation`); with `--stop-when-saturated` the point stops there (swe
 Measured (tests/sweep/point/test_saturation.py, 40 seeded synthetic trials each: Poisson arrivals into a FIFO
 server with 8 slots, service 0.25 s +- 50 %, sampled as above): at 0.5x and 0.9x capacity the detector never fired
 in 60 s (false-positive rate 0/40 each); at 1.5x, 2x and 4x it fired in every trial, by 12 s (10 s of minimum
-observation plus 3 confirming samples); at 1.2x in every trial, by 21 s. With 5 s requests (64 slots) it never fired at 0.5x
-and fired at 1.5x by 40 s (the window stretches to four service times). Weak spot: a few requests per window
-(1 slot, 0.5 s service, 1-3 req/s): 15 of 20 trials caught a 1.5x overload within 60 s, and at 0.9x, where a
-one-slot queue wanders far, 5 of 20 fired (none at 0.5x).
+observation plus 3 confirming samples); at 1.2x in every trial, by 21 s. With 5 s requests (64 slots, 20 trials)
+it never fired at 0.5x and fired at 1.5x by 40 s (the window stretches to four service times). Weak spot: a few
+requests per window (1 slot, 0.5 s service, 1-3 req/s): 15 of 20 trials caught a 1.5x overload within 60 s, and
+at 0.9x, where a one-slot queue wanders far, 5 of 20 fired (none at 0.5x).
 
 Closed-loop points (`--concurrency`, or an infinite rate) cannot over-saturate in this sense: the client sends only
 when a request ends, so the backlog is bounded by the concurrency and the server's slowness shows as latency,
