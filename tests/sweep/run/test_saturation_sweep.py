@@ -54,7 +54,8 @@ def test_a_saturated_point_stops_early_and_higher_loads_are_skipped(tmp_path: Pa
         assert below["saturated"] is False and "saturated_at_s" not in below and below["failed"] == 0
         assert above["saturated"] is True and above["saturated_at_s"] < 2.4  # before the point's 2.5 s were up
         evidence = above["saturation"]
-        assert evidence["achieved_rps"] == pytest.approx(capacity, rel=0.25) and evidence["stopped"]
+        # completions at most the capacity (less when the shared test machine slows the mock), well below the offer
+        assert evidence["achieved_rps"] < 1.15 * capacity < 0.9 * evidence["offered_rps"] and evidence["stopped"]
         assert above["duration"] < above["saturated_at_s"] + 0.5  # ended at the stop, not after a drain
         rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
         cancelled = [r for r in rows if r["label"] == "r0070.00" and r["error"] == STOPPED_ERROR]
