@@ -16,6 +16,7 @@ import pandas as pd
 
 from reports.importers import RunData
 from reports.recompute import normalize_slo, records_from_rows
+from sweep.point.saturation import is_saturated
 from sweep.run.cost import CostConfig, cost_fields
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ def cost_vs_load(runs: list[RunData], slo: Mapping[str, float] | None, goal: flo
         x = run.load_values().to_numpy(dtype=float)
         y = pd.to_numeric(run.points[COST_COLUMN], errors="coerce").to_numpy(dtype=float)
         attain = pd.to_numeric(run.points.get("slo_attainment"), errors="coerce").to_numpy(dtype=float)
-        meets = attain >= goal if slo else np.ones_like(x, dtype=bool)
+        saturated = np.array([is_saturated(p) for p in run.points.to_dict("records")], dtype=bool)
+        meets = (attain >= goal if slo else np.ones_like(x, dtype=bool)) & ~saturated  # saturated: fails the SLO
         keep = np.isfinite(x) & np.isfinite(y)
         order = np.argsort(x[keep])
         simulated = bool(run.config.get("simulated"))

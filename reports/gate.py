@@ -9,7 +9,9 @@ the gate so the chance of any false alarm stays at `alpha`. A test fails only wh
 significant (adjusted p <= alpha) AND its point estimate exceeds `max_regression`. Latency metrics are
 relative changes; `failure_rate` compares the share of failed requests (one-sided Fisher exact test) and fails
 on a significant increase above `max_failure_increase` percentage points, so a candidate cannot pass by
-failing its slow requests.
+failing its slow requests. A rate point the candidate over-saturated (sweep.point.saturation) fails as `saturated`
+unless the baseline saturated there too, and so does a point the candidate skipped because a lower load saturated
+(`--stop-when-saturated`): past capacity its latencies measure a queue, so the load itself is the regression.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from reports.gate_noise import calibration_gap, history_noise_floor, statistic
 from reports.gate_stats import compare_failures, compare_groups, holm
 from reports.importers import RunData
 from reports.recompute import LATENCY_METRICS, cancelled_mask, pooled_itl_ms, request_latencies
+from sweep.point.saturation import is_saturated
 
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
 # precisely so reruns do not share a warm prefix cache.
 IGNORED_WORKLOAD_KEYS = frozenset({"salt"})
 FAILURE_RATE = "failure_rate"
+SATURATED = "saturated"  # not a --metric: added wherever either run marks a point saturated or skips one
 
 
 class GateInputError(ValueError):
@@ -149,11 +153,40 @@ def check_comparable(baseline: RunData, candidate: RunData, check_workload: bool
     if baseline.mode != candidate.mode:
         raise GateInputError(f"baseline sweeps {baseline.mode} but candidate sweeps {candidate.mode}")
     base_labels, cand_labels = list(baseline.points["label"]), list(candidate.points["label"])
-    if set(base_labels) != set(cand_labels):
-        missing = sorted(set(base_labels) - set(cand_labels))
-        extra = sorted(set(cand_labels) - set(base_labels))
+    missing = sorted(set(base_labels) - set(cand_labels) - _skipped(candidate))  # a skipped one fails as saturated
+    extra = sorted(set(cand_labels) - set(base_labels) - _skipped(baseline))
+    if missing or extra:
         raise GateInputError(f"the runs have different points: missing in candidate {missing}, extra {extra}")
-    return base_labels
+    return [label for label in base_labels if label in set(cand_labels)]
+
+
+def _skipped(run: RunData) -> set[str]:
+    return {str(entry.get("label")) for entry in run.skipped}
+
+
+def saturation_comparisons(baseline: RunData, candidate: RunData) -> list[Comparison]:
+    """One `saturated` comparison per point either run saturated or skipped; it fails where the candidate
+    saturated (or skipped the point) and the baseline did not. Empty when neither run marks any point."""
+    def marked(run: RunData) -> dict[str, bool]:
+        return {str(p["label"]): is_saturated(p) for p in run.points.to_dict("records")}
+
+    base, cand = marked(baseline), marked(candidate)
+    comparisons = []
+    for label in base:
+        skipped = label in _skipped(candidate)
+        if not (base[label] or cand.get(label) or skipped) or (label not in cand and not skipped):
+            continue
+        worse = not base[label] and (skipped or cand[label])
+        if skipped:
+            note = "candidate skipped it: a lower load saturated"
+        elif base[label] and cand[label]:
+            note = "saturated in both runs"
+        else:
+            note = "candidate saturated, baseline did not" if cand[label] else "baseline saturated, candidate did not"
+        value = math.nan if skipped else float(cand[label])
+        comparisons.append(Comparison(label, SATURATED, float(base[label]), value, math.nan, math.nan, math.nan,
+                                      math.nan, 0, 0, failed=worse, note=note))
+    return comparisons
 
 
 def _check_workloads(baseline: RunData, candidate: RunData) -> None:
@@ -243,6 +276,7 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
         comp.failed = significant and comp.change > limit
         if significant and not comp.failed and comp.change > 0:
             comp.note = "significant but within the threshold"
+    result.comparisons += saturation_comparisons(baseline, candidate)
     result.notes = _notes(result, baseline, candidate, unwidened)
     return result
 
@@ -283,6 +317,8 @@ def _pct(x: float) -> str:
 
 
 def _value(c: Comparison, x: float) -> str:
+    if c.metric == SATURATED:
+        return "skipped" if math.isnan(x) else "saturated" if x else "not saturated"
     return f"{x * 100:.1f}% failed" if c.metric == FAILURE_RATE else f"{x:.2f} ms"
 
 

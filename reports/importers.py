@@ -31,6 +31,7 @@ class RunData:
     requests: pd.DataFrame
     config: dict[str, Any] = field(default_factory=dict)
     source: str = "servelab"  # servelab | vllm | guidellm
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # skipped.json: loads above a saturated one
 
     @property
     def mode(self) -> str:
@@ -106,7 +107,7 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
 
 
 def _load_servelab_run(run_dir: Path) -> RunData:
-    from sweep.run.results import load_results
+    from sweep.run.results import SKIPPED, load_results
 
     try:
         results = load_results(run_dir)
@@ -126,6 +127,8 @@ def _load_servelab_run(run_dir: Path) -> RunData:
     points["run"] = name
     requests["run"] = name
     run = RunData(name=name, points=points, requests=requests, config=dict(results.config), source="servelab")
+    if (run_dir / SKIPPED).exists():
+        run.skipped = json.loads((run_dir / SKIPPED).read_text())
     order = np.argsort(run.load_values().to_numpy(), kind="stable")
     run.points = points.iloc[order].reset_index(drop=True)
     return run
@@ -137,7 +140,8 @@ def _merge(runs: list[RunData], name: str) -> RunData:
         dup = sorted(points.loc[points["label"].duplicated(), "label"])
         raise RunInputError(f"{name}: several result files describe the same point(s) {dup}")
     requests = pd.concat([r.requests for r in runs], ignore_index=True)
-    run = RunData(name=name, points=points, requests=requests, config=runs[0].config, source=runs[0].source)
+    run = RunData(name=name, points=points, requests=requests, config=runs[0].config, source=runs[0].source,
+                  skipped=[entry for r in runs for entry in r.skipped])
     order = np.argsort(run.load_values().to_numpy(), kind="stable")
     run.points = points.iloc[order].reset_index(drop=True)
     run.points["run"] = name

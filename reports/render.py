@@ -15,6 +15,7 @@ from reports.importers import RunData, RunInputError, load_runs
 from reports.recompute import format_slo, normalize_slo, with_slo
 from reports.tables import fidelity_table, point_table, to_html, to_markdown, ttft_table, window_note
 from sweep.mock.machine_speed import host_warnings
+from sweep.point.saturation import is_saturated
 
 
 @dataclass
@@ -95,7 +96,7 @@ def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | No
         ("fidelity", "Workload fidelity", "Requested against realised token counts (server usage), per request.",
          lambda: plots.fidelity(runs)),
     ]
-    notes = " ".join(note for r in runs if (note := window_note(r)))
+    notes = " ".join(note for note in [saturation_note(runs), *(window_note(r) for r in runs)] if note)
     sections = [Section("Points", text=notes, tables=[(r.name, point_table(r)) for r in runs])]
     for key, title, text, make in figures:
         if progress is not None:
@@ -111,6 +112,20 @@ def _sections(runs: list[RunData], slo, plot_dir: Path, timeline_point: str | No
             section.tables = [(r.name, fidelity_table(r)) for r in runs]
         sections.append(section)
     return sections
+
+
+def saturation_note(runs: list[RunData]) -> str:
+    """Which points over-saturated (they fail the SLO whatever their attainment) and which loads were skipped."""
+    lines = []
+    for run in runs:
+        saturated = [str(p["label"]) for p in run.points.to_dict("records") if is_saturated(p)]
+        if saturated:
+            lines.append(f"{run.name}: over-saturated (the completions fell behind the offered rate while the "
+                         f"in-flight count rose; counted as failing the SLO): {', '.join(saturated)}.")
+        if run.skipped:
+            skipped = ", ".join(f"{entry.get('label')} ({entry.get('reason')})" for entry in run.skipped)
+            lines.append(f"{run.name}: not measured: {skipped}.")
+    return " ".join(lines)
 
 
 def _run_rows(runs: list[RunData]) -> list[tuple[str, str]]:

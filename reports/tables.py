@@ -11,6 +11,7 @@ import pandas as pd
 
 from reports.importers import RunData
 from reports.recompute import percentile_key, ttft_decomposition
+from sweep.point.saturation import is_saturated
 
 
 def point_table(run: RunData) -> pd.DataFrame:
@@ -46,6 +47,10 @@ def point_table(run: RunData) -> pd.DataFrame:
             table[f"attainment {name}"] = [
                 float("nan") if (a := c.get(name, {}).get("slo_attainment")) is None else a for c in per_point
             ]
+    if "saturated" in pts and pts["saturated"].notna().any():  # rate points the over-saturation detector judged
+        table["saturated"] = [
+            f"at {p['saturated_at_s']:.1f} s" if is_saturated(p) else "no" for p in pts.to_dict("records")
+        ]
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
         table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table

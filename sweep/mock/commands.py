@@ -21,12 +21,18 @@ def mock_server(
     hang_after_tokens: int | None = typer.Option(
         None, help="Every response goes silent after this many tokens and stays open (a stalled engine)."
     ),
+    max_num_seqs: int | None = typer.Option(
+        None, help="At most N requests run at once, later ones queue (FIFO) before their TTFT starts: a known "
+        "capacity of N / (TTFT + (output tokens - 1) x ITL) requests/s per worker."
+    ),
 ) -> None:
     """An OpenAI-compatible server streaming on a programmed schedule (for calibration and tests)."""
     from sweep.mock.server import MockConfig, serve
 
     try:
-        config = MockConfig(host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model, hang_after_tokens)
+        config = MockConfig(
+            host, port, ttft_ms, itl_ms, output_len, tokens_per_chunk, model, hang_after_tokens, max_num_seqs
+        )
     except ValueError as e:
         fail(str(e))
     typer.echo(f"mock server on http://{host}:{port}/v1 (TTFT {ttft_ms} ms, ITL {itl_ms} ms)")

@@ -11,6 +11,11 @@ A client that closes its connection mid-response (`bench sweep --cancel-rate`) s
 at once (counted in `num_aborted`).
 With `hang_after_tokens` N, every response stops after N tokens and stays open, sending nothing more (a non-streamed
 one never answers), while /health keeps answering: a stalled engine, for the client's timeouts.
+
+With `max_num_seqs` N (vLLM's name), at most N requests run at once; later ones wait in a FIFO queue, and a
+request's TTFT schedule starts when it leaves the queue (`first_scheduled_time` in its timing). The mock then has a
+known capacity: N / (ttft_ms + (n - 1) * itl_ms) * 1000 requests/s for n-token outputs (`capacity_rps`), so
+tests can offer a load above or below it (the saturation detector's tests do).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class MockConfig:
     tokens_per_chunk: int = 1  # >1 coalesces tokens into one SSE event, like spec decode or stream intervals
     model: str = "mock"
     hang_after_tokens: int | None = None  # every response goes silent after this many tokens
+    max_num_seqs: int | None = None  # at most this many requests run at once; the rest queue (FIFO)
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -46,6 +52,16 @@ class MockConfig:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
         if self.hang_after_tokens is not None and self.hang_after_tokens < 0:
             raise ValueError(f"hang_after_tokens must be >= 0, got {self.hang_after_tokens}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+    def capacity_rps(self, output_len: int) -> float:
+        """Requests/s the mock can complete with `max_num_seqs` slots and `output_len`-token outputs (inf without
+        a slot limit): each request holds a slot for ttft + (output_len - 1) * itl."""
+        service_s = (self.ttft_ms + (output_len - 1) * self.itl_ms) / 1000.0
+        if self.max_num_seqs is None or service_s <= 0:
+            return float("inf")
+        return self.max_num_seqs / service_s
 
 
 # asyncio's epoll waits round timeouts up to whole milliseconds, so a timer fires 0-1 ms late (0.5 ms on
@@ -82,6 +98,8 @@ class MockServer:
         self.num_requests = 0
         self.num_resets = 0
         self.num_running = 0  # /metrics, under vLLM's names: what the mock really did, nothing simulated
+        self.num_waiting = 0  # queued for one of `max_num_seqs` slots
+        self.slots = asyncio.Semaphore(config.max_num_seqs) if config.max_num_seqs else None
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_aborted = 0  # requests whose client went away mid-response: their generation stopped there
@@ -111,6 +129,8 @@ class MockServer:
         return (
             "# TYPE vllm:num_requests_running gauge\n"
             f"vllm:num_requests_running{{{model}}} {self.num_running}\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{{{model}}} {self.num_waiting}\n"
             "# TYPE vllm:prompt_tokens counter\n"
             f"vllm:prompt_tokens_total{{{model}}} {self.prompt_tokens}\n"
             "# TYPE vllm:generation_tokens counter\n"
@@ -118,16 +138,30 @@ class MockServer:
         )
 
     async def generate(self, conn: _HttpConnection, raw: bytes, arrival: float, chat: bool) -> None:
+        if self.slots is None:
+            await self._run(conn, raw, arrival, arrival, chat)
+            return
+        self.num_waiting += 1
+        try:
+            await self.slots.acquire()  # asyncio's semaphore wakes its waiters in FIFO order
+        finally:
+            self.num_waiting -= 1
+        try:
+            await self._run(conn, raw, arrival, time.perf_counter(), chat)
+        finally:
+            self.slots.release()
+
+    async def _run(self, conn: _HttpConnection, raw: bytes, arrival: float, scheduled: float, chat: bool) -> None:
         self.num_running += 1
         try:
-            await self._generate(conn, raw, arrival, chat)
+            await self._generate(conn, raw, arrival, scheduled, chat)
         except asyncio.CancelledError:  # the connection was lost (connection_lost cancels this task)
             self.num_aborted += 1
             raise
         finally:
             self.num_running -= 1
 
-    async def _generate(self, conn: _HttpConnection, raw: bytes, arrival: float, chat: bool) -> None:
+    async def _generate(self, conn: _HttpConnection, raw: bytes, arrival: float, scheduled: float, chat: bool) -> None:
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -143,10 +177,10 @@ class MockServer:
         n = min(max_tokens, cfg.output_len) if cfg.output_len else max_tokens
         prompt_tokens = _num_prompt_tokens(body)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        first_token_at = arrival + cfg.ttft_ms / 1000.0
+        first_token_at = scheduled + cfg.ttft_ms / 1000.0
         timing = {
             "arrival_time": arrival,
-            "first_scheduled_time": arrival,
+            "first_scheduled_time": scheduled,
             "first_token_time": first_token_at,
             "finished_time": first_token_at + (n - 1) * cfg.itl_ms / 1000.0,
             "num_preemptions": 0,
@@ -343,6 +377,7 @@ if __name__ == "__main__":
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--hang-after-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=1)
     args = vars(parser.parse_args())
     workers = args.pop("workers")

@@ -25,6 +25,7 @@ from sweep.point.cancel import CancelConfig, mark_cancellations
 from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
 from sweep.point.prompts import build_prompts, check_outputs, replay_prompts, tag_classes
 from sweep.point.records import RequestRecord
+from sweep.point.saturation import SaturationConfig, applies
 from sweep.point.server_metrics import ServerMetricsSampler
 
 START_DELAY_S = 0.05  # first send a little in the future, so every task is waiting on the same deadline
@@ -148,10 +149,12 @@ def send_offsets(spec: PointSpec, n: int, seed: int = 0) -> list[float]:
 
 
 def not_sent_records(
-    spec: PointSpec, prompts: list[PromptRequest], offsets: list[float], t0: float, records: list[RequestRecord]
+    spec: PointSpec, prompts: list[PromptRequest], offsets: list[float], t0: float, records: list[RequestRecord],
+    error: str | None = None,
 ) -> list[RequestRecord]:
     """Open loop: every scheduled request that got no record was due before the end and never sent (it still
-    waited for a concurrency slot when --duration ended). It is recorded, with its due time, as not sent."""
+    waited for a concurrency slot when --duration ended, or `error` says why). It is recorded, with its due time,
+    as not sent."""
     if spec.mode == "concurrency" or (spec.mode == "rate" and math.isinf(spec.rate)):
         return []  # a closed loop's unused pool prompts were never due
     sent = {r.index for r in records}
@@ -162,7 +165,7 @@ def not_sent_records(
             requested_output_len=p.output_len,
             intended_send_time=t0 + offset,
             sent=False,
-            error="NotSent: due before --duration ended, still waiting for a --max-concurrency slot",
+            error=error or "NotSent: due before --duration ended, still waiting for a --max-concurrency slot",
         )
         for p, offset in zip(prompts, offsets, strict=True)
         if p.index not in sent
@@ -187,10 +190,15 @@ async def dispatch(
     concurrency: int | None,
     stop_at: float | None,
     on_done: Callable[[], None] | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    stop: asyncio.Future[None] | None = None,
 ) -> list[RequestRecord]:
     """Send `prompts[i]` at `t0 + offsets[i]` (later if the concurrency cap is full); skip those not sent by
-    `stop_at`. Returns the records of the requests actually sent, in index order."""
+    `stop_at`. Returns the records of the requests actually sent, in index order. `on_record` sees each record
+    as its request ends. Once `stop` is done nothing more is sent and the requests in flight are cancelled
+    (`sweep.point.watch.stoppable`)."""
     semaphore = asyncio.Semaphore(concurrency) if concurrency else None
+    sent_at: dict[int, float] = {}
 
     async def one(prompt: PromptRequest, offset: float) -> RequestRecord | None:
         prompt.intended_send_time = t0 + offset
@@ -200,16 +208,23 @@ async def dispatch(
         if semaphore is not None:
             await semaphore.acquire()
         try:
-            if stop_at is not None and time.perf_counter() >= stop_at:
+            if (stop_at is not None and time.perf_counter() >= stop_at) or (stop is not None and stop.done()):
                 return None
+            sent_at[prompt.index] = time.perf_counter()
             record = await send_request(session, client, prompt)
         finally:
             if semaphore is not None:
                 semaphore.release()
+        if on_record is not None:
+            on_record(record)
         if on_done is not None:
             on_done()
         return record
 
+    if stop is not None:
+        from sweep.point.watch import stoppable
+
+        one = stoppable(one, stop, sent_at)
     # One sleep to t0 for all: requests due at the same time (a closed loop's first wave) then start, and take the
     # semaphore, in index order, as `bench simulate` sends them. A sleep per request to the same instant would wake
     # them in the timer heap's order, which is arbitrary among equal deadlines.
@@ -276,6 +291,7 @@ async def _run_point_async(
     sampler: ServerMetricsSampler | None = None,
     sessions: list[list[PromptRequest]] | None = None,
     live: bool = True,
+    saturation: SaturationConfig | None = None,
 ) -> tuple[list[RequestRecord], float, float, dict[str, Any]]:
     extras: dict[str, Any] = {}
     async with make_session() as session:
@@ -291,6 +307,12 @@ async def _run_point_async(
 
             records = await dispatch_sessions(
                 session, client, sessions, offsets, t0, spec.concurrency, stop_at, spec.think_time_s, on_done, live
+            )
+        elif saturation is not None:
+            from sweep.point.watch import dispatch_watched
+
+            records, extras["saturation"] = await dispatch_watched(
+                session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done, saturation
             )
         else:
             records = await dispatch(session, client, prompts, offsets, t0, spec.concurrency, stop_at, on_done)
@@ -311,9 +333,12 @@ def run_point(
     client_procs: int = 1,
     on_done: Callable[[], None] | None = None,
     server_metrics: bool = False,
+    saturation: SaturationConfig | None = None,
 ) -> PointRun:
     """Prepare, warm up and measure one point; token counts resolved, ready for `calculate_metrics`.
-    With `server_metrics`, the target's /metrics is scraped over the point (`sweep.point.server_metrics`)."""
+    With `server_metrics`, the target's /metrics is scraped over the point (`sweep.point.server_metrics`).
+    With `saturation`, the over-saturation detector watches a point it applies to (`saturation.applies`); its
+    result is `extras["saturation"]`, and a point it stopped keeps only the requests due before the stop."""
     sampler = ServerMetricsSampler(client.url, client.api_key) if server_metrics else None
     sessions: list[list[PromptRequest]] | None = None
     live = workload.conversations is None  # sessions: history from the server's replies, else recorded
@@ -340,6 +365,8 @@ def run_point(
         _, warmups, _ = build_prompts(
             workload, tokenizer, spec.num_warmups, salt=f"{salt}-{spec.label}-warmup", seed_offset=1_000_003
         )
+    if sessions is not None or not applies(spec.mode, spec.rate, spec.ramp, spec.rate_curve, spec.turns, client_procs):
+        saturation = None
     if client_procs > 1:
         from sweep.point.multiproc import run_point_sharded
 
@@ -348,12 +375,18 @@ def run_point(
         )
     else:
         records, t0, duration, extras = asyncio.run(
-            _run_point_async(client, spec, prompts, offsets, warmups, reset_cache, on_done, sampler, sessions, live)
+            _run_point_async(
+                client, spec, prompts, offsets, warmups, reset_cache, on_done, sampler, sessions, live, saturation
+            )
         )
     point_server_metrics = extras.pop("server_metrics", None)
     if sessions is not None:  # the turns as sent (history included); a session never started: its first turn
         prompts = [turn for turns in sessions for turn in turns]
         records += not_sent_records(spec, [turns[0] for turns in sessions], offsets, t0, records)
+    elif extras.get("saturation", {}).get("stopped"):
+        from sweep.point.watch import stopped_point_records
+
+        prompts, records = stopped_point_records(spec, prompts, offsets, t0, records, extras["saturation"])
     else:
         records += not_sent_records(spec, prompts, offsets, t0, records)
     closed_loop = spec.mode == "concurrency" or (spec.mode == "rate" and math.isinf(spec.rate))

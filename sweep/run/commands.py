@@ -84,6 +84,12 @@ def sweep(
     reset_prefix_cache: bool = typer.Option(
         False, "--reset-prefix-cache", help="POST /reset_prefix_cache before each point.", rich_help_panel=LOAD_PANEL
     ),
+    stop_when_saturated: bool = typer.Option(
+        False, "--stop-when-saturated",
+        help="--request-rate points: end a point once it over-saturates (completions fall behind the offered rate "
+        "while the in-flight count keeps rising; docs/SWEEP.md) and skip the higher rates. Without it such a "
+        "point is still marked saturated.", rich_help_panel=LOAD_PANEL,
+    ),
     search_repeats: int = typer.Option(
         0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
         "load with an interval.", rich_help_panel=LOAD_PANEL,
@@ -156,6 +162,7 @@ def sweep(
 ) -> None:
     """Sweep load against an OpenAI endpoint (or the built-in engine) and write a run directory."""
     from sweep.point.cancel import CancelConfig, parse_cancel_after
+    from sweep.point.saturation import SaturationConfig
     from sweep.run.sweeper import SweepConfig, run_sweep
     from workloads.rate_curve import parse_rate_curve
 
@@ -225,6 +232,7 @@ def sweep(
             gpus_per_instance=gpus_per_instance,
             request_timeout_s=request_timeout,
             stall_timeout_s=stall_timeout,
+            saturation=SaturationConfig(stop=stop_when_saturated),
         )
         run_dir = run_sweep(config)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sweep.point.benchmark_metrics import calculate_metrics
 from sweep.point.records import RequestRecord
+from sweep.point.saturation import is_saturated
 
 HEADLINE_FIELDS = (
     "duration",
@@ -71,6 +72,13 @@ def pooled_point(
         for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms")
     }
     point["fidelity"] = {**first.get("fidelity", {}), "repeats": [p.get("fidelity", {}) for p in repeat_points]}
+    judged = [p for p in repeat_points if "saturated" in p]  # rate points: saturated when any repeat was
+    if judged:
+        point["saturated"] = any(is_saturated(p) for p in judged)
+        if point["saturated"]:
+            earliest = min((p for p in judged if is_saturated(p)), key=lambda p: p["saturated_at_s"])
+            point["saturated_at_s"] = earliest["saturated_at_s"]
+            point["saturation"] = {**earliest["saturation"], "repeats": [p.get("saturated_at_s") for p in judged]}
     return point
 
 

@@ -4,7 +4,8 @@ A point is finished exactly when `points/<label>.json` exists. Its request rows 
 `requests.jsonl` (and fsync'd) *before* that file is published, so a crash leaves either a finished point
 with all its rows, or stray rows of an unfinished point, which `open_run(..., resume=True)` drops.
 
-Additions to the contract: `search.json` (the `--max-load-under-slo` bracket and probes),
+Additions to the contract: `search.json` (the `--max-load-under-slo` bracket and probes), `skipped.json` (with
+`--stop-when-saturated`: the loads not measured because a lower one saturated; label, request_rate, reason),
 `server.log` (the built-in engine's log when the sweep launched it), and with `--repeats R`
 `repeats/<label>.r<k>.json`: one file per finished repeat of a point, published after that repeat's rows
 (which carry `"repeat": k`); `points/<label>.json` follows once all R repeats are in, over their pooled rows.
@@ -27,6 +28,7 @@ POINTS = "points"
 REQUESTS = "requests.jsonl"
 SUMMARY = "summary.csv"
 SEARCH = "search.json"
+SKIPPED = "skipped.json"
 SERVER_LOG = "server.log"
 REPEATS = "repeats"
 
@@ -134,6 +136,14 @@ class RunWriter:
 
     def write_search(self, search: dict[str, Any]) -> None:
         write_atomic(self.run_dir / SEARCH, _dumps(search))
+
+    def write_skipped(self, skipped: list[dict[str, Any]]) -> None:
+        """The loads a sweep skipped (`SKIPPED`); an empty list removes a stale file (a resumed run)."""
+        path = self.run_dir / SKIPPED
+        if skipped:
+            write_atomic(path, _dumps(skipped))
+        elif path.exists():
+            path.unlink()
 
     def _write_summary(self) -> None:
         points = [self.load_point(label) for label in sorted(self.finished_labels())]

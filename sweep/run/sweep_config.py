@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from sweep.point.cancel import CancelConfig
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
+from sweep.point.saturation import SaturationConfig
 from sweep.run.load_config import LoadConfig
 
 
@@ -52,6 +53,7 @@ class SweepConfig(LoadConfig):
     cost_per_hour: float | None = None  # USD per instance-hour: points get cost_per_million_output_tokens
     gpus_per_instance: int = 1
     devices_used: int | None = None  # a --url target's GPUs, when its caller knows them (sweep/run/cost.py)
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)  # rate points; .stop: --stop-when-saturated
     command: str = field(default_factory=lambda: shlex.join(["bench", *sys.argv[1:]]))
 
     def __post_init__(self) -> None:
@@ -99,10 +101,26 @@ class SweepConfig(LoadConfig):
             setattr(self, name, value or None)
         if self.client_procs < 1:
             raise ValueError(f"--client-procs must be >= 1, got {self.client_procs}")
+        if self.saturation.stop:
+            self.check_stop_when_saturated()
         if self.cost_per_hour is not None:
             from sweep.run.cost import CostConfig
 
             CostConfig(self.cost_per_hour, self.gpus_per_instance)  # a bad price fails before any point runs
+
+    def check_stop_when_saturated(self) -> None:
+        """--stop-when-saturated judges constant-rate open-loop points (sweep.point.saturation.applies)."""
+        sessions = self.turns > 1 or self.workload.conversations is not None
+        if self.mode != "rate" or self.ramp_up is not None or self.rate_curve is not None or sessions:
+            raise ValueError(
+                "--stop-when-saturated applies to --request-rate points at a constant rate; a closed loop "
+                "(--concurrency) cannot over-saturate, and --replay, --ramp-up-strategy, --rate-curve and "
+                "multi-turn sessions vary their load by design"
+            )
+        if any(v == float("inf") for v in self.values):
+            raise ValueError("--stop-when-saturated needs finite --request-rate values (inf is a closed loop)")
+        if self.client_procs > 1 or self.repeats > 1:
+            raise ValueError("--stop-when-saturated runs with one client process and without --repeats")
 
     def label(self, value: float) -> str:
         if self.ramp_up is not None:

@@ -2,6 +2,8 @@
 
 `Sweeper.measure(load)` runs (or, on resume, reloads) one point and returns its point dict; `Sweeper.run()`
 walks the configured loads or runs the `--max-load-under-slo` search. The tuner drives `measure` directly.
+A rate point the over-saturation detector marks (sweep.point.saturation) counts as failing the SLO in the search;
+with `--stop-when-saturated` it ends early and `run()` skips the higher loads (listed in skipped.json).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
 from sweep.point.steady_state import windowed_point
+from sweep.point.saturation import is_saturated, saturation_fields, saturation_message
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
@@ -135,6 +138,8 @@ class Sweeper:
             "temperature": cfg.temperature,
             "request_timeout_s": cfg.request_timeout_s,
             "stall_timeout_s": cfg.stall_timeout_s,
+            "stop_when_saturated": cfg.saturation.stop,
+            "saturation": asdict(cfg.saturation),
         }
         return run_config(
             cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, calibration=self.calibration
@@ -178,6 +183,8 @@ class Sweeper:
             point = self.writer.load_point(spec.label)
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
             self._print_row(point)
+            if is_saturated(point):
+                self.console.print(f"[red]{saturation_message(point)}[/red]")
             return point
         run = self._run_point(spec)
         self._check_server_alive()
@@ -197,7 +204,9 @@ class Sweeper:
                                "(--cancel-rate); neither completed nor failed[/dim]")
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
-        if self.server is None and point["failed"]:
+        if is_saturated(point):
+            self.console.print(f"[red]{saturation_message(point)}[/red]")
+        if self.server is None and point["failed"] and not point.get("saturation", {}).get("stopped"):
             check_target_healthy(self.client.url, spec.label, point["failed"])
         return point
 
@@ -224,6 +233,7 @@ class Sweeper:
                 client_procs=self.config.client_procs,
                 on_done=lambda: progress.advance(task),
                 server_metrics=self.config.server_metrics,
+                saturation=self.config.saturation,
             )
 
     def measure_repeat(self, value: float, repeat: int) -> dict[str, Any]:
@@ -285,6 +295,7 @@ class Sweeper:
 
     def point_dict(self, run: PointRun) -> dict[str, Any]:
         spec = run.spec
+        saturation = run.extras.pop("saturation", None)
         rate = run.extras.pop("replayed_rate", spec.rate)  # replay: the trace's offered rate at this time scale
         queue_inclusive = queue_inclusive_applies(spec.concurrency, rate)
         metrics = calculate_metrics(
@@ -314,6 +325,7 @@ class Sweeper:
             window, rule = asked
             point = windowed_point(point, run.records, run.t0, window, rule, cfg.percentiles, cfg.slo, queue_inclusive)
             self._add_cost(point, [r for r in run.records if r.in_window], float(point["duration"]))
+        point.update(saturation_fields(saturation))
         point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
             point["fidelity"]["fit"] = asdict(run.fit_report)
@@ -341,9 +353,9 @@ class Sweeper:
         cfg = self.config
         assert self.writer is not None
         config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
-        result = max_load_under_slo(config, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
+        result = max_load_under_slo(config, lambda value: search_attainment(self.measure(value)))
         result = confirm_boundary(
-            result, cfg.search_repeats, lambda value, r: float(self.measure(value, r)["slo_attainment"] or 0.0)
+            result, cfg.search_repeats, lambda value, r: search_attainment(self.measure(value, r))
         )
         labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
         fixed = cfg.warmup_seconds or cfg.cooldown_seconds
@@ -373,7 +385,32 @@ class Sweeper:
                 self.measure_repeat(value, repeat)
             assert self.writer is not None
             return [self.writer.load_point(self.config.label(value)) for value in self.config.values]
-        return [self.measure(value) for value in self.config.values]
+        return self.run_loads()
+
+    def run_loads(self) -> list[dict[str, Any]]:
+        """Measure every configured load; with --stop-when-saturated, loads above a saturated one are skipped
+        (said on the console and listed in skipped.json, which the report shows)."""
+        assert self.writer is not None
+        points: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        saturated: tuple[float, str] | None = None  # the lowest load that saturated, and its label
+        for value in self.config.values:
+            if saturated is not None and value > saturated[0]:
+                label = self.config.label(value)
+                reason = f"skipped: a lower load ({saturated[1]}) saturated (--stop-when-saturated)"
+                skipped.append({"label": label, "request_rate": value, "reason": reason})
+                self.console.print(f"[yellow]{label}: {reason}[/yellow]")
+                continue
+            points.append(self.measure(value))
+            if self.config.saturation.stop and is_saturated(points[-1]) and (saturated is None or value < saturated[0]):
+                saturated = (value, points[-1]["label"])
+        self.writer.write_skipped(skipped)
+        return points
+
+
+def search_attainment(point: dict[str, Any]) -> float:
+    """The search's view of a point: its SLO attainment, 0 when it saturated (its latencies measure a queue)."""
+    return 0.0 if is_saturated(point) else float(point["slo_attainment"] or 0.0)
 
 
 def run_sweep(config: SweepConfig, console: Console | None = None) -> Path:

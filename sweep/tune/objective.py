@@ -8,6 +8,9 @@ Three objectives (see docs: tuning.md §b for the three meanings of "goodput"):
 - `pareto`: (`request_goodput`, `p90_ttft_ms`) at one fixed load; a two-objective study (maximise, minimise).
 - `cost`: `cost_per_million_output_tokens` at one fixed load (the price of the devices the configuration occupies
   over the goodput's output tokens, sweep/run/cost.py); minimised, with attainment >= target a soft constraint.
+
+A point the over-saturation detector marked (`saturated`, sweep.point.saturation) fails the attainment target
+whatever its measured attainment: the max-load search takes it as attainment 0, and the soft constraint as missed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from sweep.point.saturation import is_saturated
 
 OBJECTIVES = ("max-load", "goodput", "pareto", "cost")
 NO_COST = 1e12  # USD per million tokens told for a point with no good request (no finite cost)
@@ -75,8 +80,16 @@ class ObjectiveSpec:
         return [NO_COST] if self.kind == "cost" else [0.0]
 
     def passes(self, point: dict[str, Any]) -> bool:
-        attained = point.get("slo_attainment")
-        return attained is not None and not math.isnan(attained) and attained >= self.attainment
+        attained = point_attainment(point)
+        return attained is not None and attained >= self.attainment
+
+
+def point_attainment(point: dict[str, Any]) -> float | None:
+    """The point's SLO attainment as the tuner sees it: 0 for a saturated point, None when it has none."""
+    if is_saturated(point):
+        return 0.0
+    attained = point.get("slo_attainment")
+    return None if attained is None or math.isnan(attained) else float(attained)
 
 
 @dataclass
@@ -112,8 +125,7 @@ def max_load_search(
             passing = max(passing, float(load))
         if on_point is not None:
             on_point(len(points) - 1, passing, point)
-        value = point.get("slo_attainment")
-        return 0.0 if value is None or math.isnan(value) else float(value)
+        return point_attainment(point) or 0.0
 
     config = SearchConfig(mode=spec.load_mode, start=spec.min_load, attainment=spec.attainment,
                           max_value=spec.max_load, min_value=spec.min_load, rel_tolerance=spec.rate_precision)
@@ -160,6 +172,6 @@ def attainment_violation(spec: ObjectiveSpec, evaluation: Evaluation) -> float:
     """Soft-constraint value (<= 0 feasible): how far the objective's load misses the attainment target."""
     if spec.kind == "max-load":
         return 0.0 if evaluation.values[0] > 0 else spec.attainment
-    attained = [p.get("slo_attainment") for p in evaluation.points]
+    attained = [point_attainment(p) for p in evaluation.points]
     worst = min((a for a in attained if a is not None), default=0.0)
     return max(0.0, spec.attainment - worst)

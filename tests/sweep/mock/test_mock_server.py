@@ -79,3 +79,32 @@ def test_coalesced_chunks_count_tokens_from_usage(tmp_path: Path) -> None:
         r = asyncio.run(main())
     assert r.success and r.chunk_tokens == [4, 4, 2] and r.usage_output_tokens == 10  # output_len caps max_tokens
     assert json.loads(json.dumps(r.to_row("c0001")))["itl"] == r.itl
+
+
+def test_max_num_seqs_queues_requests_fifo_so_the_capacity_is_known(tmp_path: Path) -> None:
+    """With 2 slots and a 20 + 4 x 10 = 60 ms service, 8 simultaneous requests start two at a time, one service
+    apart, and each one's TTFT holds its wait in the queue (the server's timing says how long it queued)."""
+    from sweep.mock.server import MockConfig
+
+    assert MockConfig(ttft_ms=20, itl_ms=10, max_num_seqs=2).capacity_rps(5) == pytest.approx(2 / 0.06)
+    assert MockConfig(ttft_ms=20, itl_ms=10).capacity_rps(5) == float("inf")
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        MockConfig(max_num_seqs=0)
+    server = start_mock(20.0, 10.0, tmp_path / "mock.log")
+    server.command += ["--max-num-seqs", "2"]
+    with server:
+
+        async def main():
+            async with make_session() as session:
+                client = ClientConfig(server.url, "mock")
+                prompts = [PromptRequest(i, "p", None, 1, 5) for i in range(8)]
+                return await asyncio.gather(*(send_request(session, client, p) for p in prompts))
+
+        records = asyncio.run(main())
+    assert all(r.success for r in records)
+    started = sorted(r.server_timing["first_scheduled_time"] for r in records)  # perf_counter: one clock
+    assert all(later - earlier >= 0.059 for earlier, later in zip(started, started[2:], strict=False))
+    assert started[-1] - started[0] >= 3 * 0.059  # four waves
+    for r in records:
+        queued = r.server_timing["first_scheduled_time"] - r.server_timing["arrival_time"]
+        assert r.ttft >= queued + 0.019  # the TTFT schedule starts when the request leaves the queue
