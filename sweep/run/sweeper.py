@@ -27,8 +27,8 @@ from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
-from sweep.point.steady_state import windowed_point
 from sweep.point.saturation import is_saturated, saturation_fields, saturation_message
+from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
