@@ -21,9 +21,9 @@ from typing import Any
 
 import aiohttp
 
-from sweep.point.client import ClientConfig, PromptRequest, make_session, send_request
+from sweep.point.client import ClientConfig, PromptRequest, make_session, preconnect, send_request
 from sweep.point.records import RequestRecord
-from sweep.point.runner import PointSpec, dispatch, preconnect, prepare_point
+from sweep.point.runner import PointSpec, dispatch, prepare_point
 from sweep.point.server_metrics import ServerMetricsSampler
 
 READY_TIMEOUT_S = 120.0

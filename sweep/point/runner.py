@@ -22,7 +22,15 @@ import aiohttp
 import numpy as np
 
 from sweep.point.cancel import CancelConfig, mark_cancellations
-from sweep.point.client import ClientConfig, PromptRequest, count_tokens, make_session, send_request
+from sweep.point.client import (
+    ClientConfig,
+    PromptRequest,
+    count_tokens,
+    make_session,
+    preconnect,
+    reset_prefix_cache,
+    send_request,
+)
 from sweep.point.prompts import build_prompts, check_outputs, replay_prompts, tag_classes
 from sweep.point.records import RequestRecord
 from sweep.point.saturation import SaturationConfig, applies
@@ -233,35 +241,6 @@ async def dispatch(
         await asyncio.sleep(start_delay)
     results = await asyncio.gather(*(one(p, o) for p, o in zip(prompts, offsets, strict=True)))
     return [r for r in results if r is not None]
-
-
-PRECONNECT_MAX = 256
-
-
-async def preconnect(session: aiohttp.ClientSession, client: ClientConfig, n: int) -> None:
-    """Open up to `n` keep-alive connections with concurrent GET /models, so no measured request pays a TCP (or
-    TLS) handshake inside its TTFT: a sweep measures a long-running client, not a cold start."""
-    headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
-
-    async def one() -> None:
-        try:
-            async with session.get(f"{client.url}/models", headers=headers, timeout=client.timeout) as response:
-                await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass  # an unreachable server shows up in the measured requests' errors
-
-    await asyncio.gather(*(one() for _ in range(min(n, PRECONNECT_MAX))))
-
-
-async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfig) -> bool:
-    """POST /reset_prefix_cache on the server root; False when the server does not offer it."""
-    root = client.url.removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
-    try:
-        async with session.post(f"{root}/reset_prefix_cache", headers=headers, timeout=client.timeout) as response:
-            return response.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return False
 
 
 async def prepare_point(

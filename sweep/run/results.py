@@ -253,3 +253,18 @@ def load_results(run_dir: str | Path) -> Results:
     points["run"] = run_dir.name
     requests["run"] = run_dir.name
     return Results(points=points, requests=requests, config=config)
+
+
+def console_header(p: str) -> str:
+    """The header of the sweep's console table (`p`: the top percentile's name, e.g. p99)."""
+    return (f"[bold]{'point':>9} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
+            f"{'TTFT ' + p:>9} {'TPOT p50':>9} {'TPOT ' + p:>9} {'E2EL ' + p:>9} {'attain':>6}[/bold]")
+
+
+def console_row(point: dict[str, Any], p: str) -> str:
+    """One point's row of the sweep's console table."""
+    attain = point.get("slo_attainment")
+    return (f"{point['label']:>9} {point['completed']:>5} {point['failed']:>4} {point['request_throughput']:>7.2f} "
+            f"{point['output_throughput']:>9.1f} {point['median_ttft_ms']:>9.1f} {point[f'{p}_ttft_ms']:>9.1f} "
+            f"{point['median_tpot_ms']:>9.2f} {point[f'{p}_tpot_ms']:>9.2f} {point[f'{p}_e2el_ms']:>9.1f} "
+            f"{'-' if attain is None else f'{attain:.3f}':>6}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sweep.point.saturation import is_saturated
 
 
 @dataclass
@@ -128,3 +131,8 @@ def confirm_boundary(result: SearchResult, repeats: int, measure: Callable[[floa
         min((v for v in always_fail if result.best is None or v > result.best), default=None),
     )
     return result
+
+
+def search_attainment(point: dict[str, Any]) -> float:
+    """The search's view of a point: its SLO attainment, 0 when it saturated (its latencies measure a queue)."""
+    return 0.0 if is_saturated(point) else float(point["slo_attainment"] or 0.0)

@@ -39,7 +39,7 @@ from sweep.run.run_info import (
     run_config,
     workload_fidelity,
 )
-from sweep.run.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo
+from sweep.run.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo, search_attainment
 from sweep.run.sweep_config import SweepConfig
 
 
@@ -334,20 +334,9 @@ class Sweeper:
     def _print_row(self, point: dict[str, Any]) -> None:
         p = percentile_name(max(self.config.percentiles))
         if not self._header_printed:
-            self.console.print(
-                f"[bold]{'point':>9} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
-                f"{'TTFT ' + p:>9} {'TPOT p50':>9} {'TPOT ' + p:>9} {'E2EL ' + p:>9} {'attain':>6}[/bold]",
-                soft_wrap=True,
-            )
+            self.console.print(results.console_header(p), soft_wrap=True)
             self._header_printed = True
-        attain = point.get("slo_attainment")
-        self.console.print(
-            f"{point['label']:>9} {point['completed']:>5} {point['failed']:>4} {point['request_throughput']:>7.2f} "
-            f"{point['output_throughput']:>9.1f} {point['median_ttft_ms']:>9.1f} {point[f'{p}_ttft_ms']:>9.1f} "
-            f"{point['median_tpot_ms']:>9.2f} {point[f'{p}_tpot_ms']:>9.2f} {point[f'{p}_e2el_ms']:>9.1f} "
-            f"{'-' if attain is None else f'{attain:.3f}':>6}",
-            soft_wrap=True,
-        )
+        self.console.print(results.console_row(point, p), soft_wrap=True)
 
     def search(self) -> SearchResult:
         cfg = self.config
@@ -406,11 +395,6 @@ class Sweeper:
                 saturated = (value, points[-1]["label"])
         self.writer.write_skipped(skipped)
         return points
-
-
-def search_attainment(point: dict[str, Any]) -> float:
-    """The search's view of a point: its SLO attainment, 0 when it saturated (its latencies measure a queue)."""
-    return 0.0 if is_saturated(point) else float(point["slo_attainment"] or 0.0)
 
 
 def run_sweep(config: SweepConfig, console: Console | None = None) -> Path:

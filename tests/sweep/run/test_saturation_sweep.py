@@ -24,7 +24,8 @@ from sweep.point.runner import PointSpec, WorkloadConfig
 from sweep.point.saturation import NOT_SENT_AT_STOP, STOPPED_ERROR, Saturation, SaturationConfig
 from sweep.point.watch import stopped_point_records
 from sweep.run.repeats import pooled_point
-from sweep.run.sweeper import SweepConfig, Sweeper, search_attainment
+from sweep.run.search import search_attainment
+from sweep.run.sweeper import SweepConfig, Sweeper
 
 TTFT_MS, ITL_MS, OUTPUT_LEN, SLOTS = 20.0, 5.0, 20, 4
 # a short window for a short test (the defaults take 10 s to judge); the rule is the same
