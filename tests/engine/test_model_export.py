@@ -14,7 +14,14 @@ from typer.testing import CliRunner
 from cli import app
 from engine import LLM, SamplingParams
 from engine.model_export import EXPORT_MARKER, ExportError, export_hf
-from engine.model_files import TINY_RANDOM_CONFIG, iter_safetensors, materialize_random_model, resolve_model
+from engine.model_files import (
+    TINY_RANDOM_CONFIG,
+    gguf_to_hf,
+    iter_safetensors,
+    materialize_random_model,
+    resolve_model,
+    smollm2_gguf_path,
+)
 from engine.tokenizer import get_tokenizer
 
 PROMPTS = ["The capital of France is", "Hi", "List five prime numbers and explain why each is prime."]
@@ -113,3 +120,32 @@ def test_an_export_of_another_source_is_not_overwritten(exported: tuple[Path, st
 def test_a_missing_model_is_a_usage_error(tmp_path: Path) -> None:
     code, _, stderr = _export(str(tmp_path / "nope.gguf"), tmp_path / "out")
     assert code == 2 and "does not exist" in stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_default_gguf_exports_to_its_dequantised_weights_and_the_engines_greedy_output(tmp_path: Path) -> None:
+    output_dir = tmp_path / "smollm2-135m-hf"
+    code, stdout, stderr = _export("smollm2-135m", output_dir)
+    assert code == 0 and stdout.strip() == str(output_dir), stderr
+    config = json.loads((output_dir / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    written = load_file(str(output_dir / "model.safetensors"))
+    _, tensors = gguf_to_hf(smollm2_gguf_path())  # straight from the GGUF, not from the engine's cache
+    dequantised = dict(tensors)
+    assert written.keys() == dequantised.keys() and len(written) == 272
+    for name, tensor in written.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, dequantised[name]), name
+    del written, dequantised
+    tokenizer = get_tokenizer("smollm2-135m")
+    prompts = [tokenizer.encode(text) for text in PROMPTS[:2]]
+    hf = AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    with torch.inference_mode():
+        expected = [hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+                    for ids in prompts]  # fmt: skip
+    del hf
+    llm = LLM("smollm2-135m", dtype="float32", max_model_len=128)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
