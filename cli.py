@@ -1,8 +1,8 @@
 """The `bench` command: one typer app; each package registers its own commands, wired to each other here.
 
 Top level: the commands a user runs (serve, throughput, sweep, soak, tune, simulate, report, gate, compare) and
-four groups: `bench workloads …`, `bench model …` (prepare checkpoints, profile step cost), `bench check …`
-(correctness and machine checks) and `bench lab …` (studies of the tool itself). Old names are hidden aliases.
+four groups: `bench workloads …`, `bench model …` (prepare and export checkpoints, profile step cost), `bench
+check …` (correctness and machine checks) and `bench lab …` (studies of the tool itself). Old names are hidden aliases.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 model_app = typer.Typer(
-    help="Prepare the default and other checkpoints; profile a model's step cost.", no_args_is_help=True
+    help="Prepare the default and other checkpoints, export them as HF directories; profile a model's step cost.",
+    no_args_is_help=True,
 )
 check_app = typer.Typer(
     help="Correctness and machine checks: kernels, greedy output, quality, GPU.", no_args_is_help=True

