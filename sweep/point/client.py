@@ -322,11 +322,19 @@ async def preconnect(session: aiohttp.ClientSession, client: ClientConfig, n: in
 
 
 async def reset_prefix_cache(session: aiohttp.ClientSession, client: ClientConfig) -> bool:
-    """POST /reset_prefix_cache on the server root; False when the server does not offer it."""
+    """POST /reset_prefix_cache on the server root; False when the server does not offer it or says it did not
+    reset. vLLM (and `bench serve`) answer 200 with `{"success": false}` while requests still hold blocks, and vLLM
+    registers the route only with VLLM_SERVER_DEV_MODE=1."""
     root = client.url.removesuffix("/v1")
     headers = {"Authorization": f"Bearer {client.api_key}"} if client.api_key else {}
     try:
         async with session.post(f"{root}/reset_prefix_cache", headers=headers, timeout=client.timeout) as response:
-            return response.status == 200
+            if response.status != 200:
+                return False
+            try:
+                answer = json.loads(await response.read() or b"null")
+            except ValueError:
+                answer = None  # a 200 without a JSON body: taken at its word
+            return not (isinstance(answer, dict) and answer.get("success") is False)
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return False

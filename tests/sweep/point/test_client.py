@@ -15,6 +15,7 @@ from sweep.point.client import (
     build_payload,
     count_tokens,
     make_session,
+    reset_prefix_cache,
     send_request,
 )
 from sweep.run.launcher import free_port
@@ -239,3 +240,27 @@ def test_keep_alive_holds_when_the_body_ends_after_done() -> None:
         return _CountingChunkedServer.connections
 
     assert asyncio.run(main()) == 1  # reading only to [DONE] opened one connection per request
+
+
+def test_prefix_cache_reset_reads_the_servers_answer_not_only_its_status() -> None:
+    """vLLM and `bench serve` answer 200 with {"success": false} when blocks are still in use: not a reset."""
+
+    async def reset_with(response: web.Response | None) -> bool:
+        app = web.Application()
+        if response is not None:
+            app.router.add_post("/reset_prefix_cache", lambda request: response)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with make_session() as session:
+                return await reset_prefix_cache(session, ClientConfig(f"http://127.0.0.1:{port}/v1", "m"))
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(reset_with(web.json_response({"success": True}))) is True
+    assert asyncio.run(reset_with(web.json_response({"success": False}))) is False
+    assert asyncio.run(reset_with(web.Response(status=200))) is True  # no body: taken at its word
+    assert asyncio.run(reset_with(web.json_response({"error": "no"}, status=500))) is False
+    assert asyncio.run(reset_with(None)) is False  # the route does not exist (vLLM without VLLM_SERVER_DEV_MODE)
