@@ -1,4 +1,7 @@
-"""End to end: `bench sweep` against `bench lab mock-server`, then `bench report` and `bench gate` on the runs."""
+"""End to end: `bench sweep` against `bench lab mock-server`, then `bench report` and `bench gate` on the runs.
+
+The mock is a real server process; the bench commands run in this process (typer's CliRunner, as a user's shell
+would run them, without paying an interpreter start and the imports once per command)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from cli import app
 
 BENCH = [sys.executable, str(Path(__file__).resolve().parents[2] / "cli.py")]
 
@@ -43,10 +49,11 @@ def mock_server(itl_ms: float):
 
 
 def _sweep(url: str, out: Path) -> Path:
-    cmd = [*BENCH, "sweep", "--url", url, "--model", "mock", "--tokenizer", "tiny-random", "--concurrency", "1,4",
-           "--num-prompts", "24", "--input-len", "32", "--output-len", "12", "--slo", "ttft=100,tpot=12",
-           "--output-dir", str(out), "--no-report"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    args = ["sweep", "--url", url, "--model", "mock", "--tokenizer", "tiny-random", "--concurrency", "1,4",
+            "--num-prompts", "24", "--input-len", "32", "--output-len", "12", "--slo", "ttft=100,tpot=12",
+            "--output-dir", str(out), "--no-report"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
     return out
 
 
@@ -58,19 +65,18 @@ def test_sweep_report_gate(tmp_path):
     with mock_server(itl_ms=14) as url:
         slow = _sweep(url, tmp_path / "slow")
 
-    report = subprocess.run([*BENCH, "report", str(base), str(slow), "--slo", "tpot=12", "--out", str(tmp_path / "r")],
-                            capture_output=True, text=True, timeout=300)
-    assert report.returncode == 0, report.stderr
+    report = CliRunner().invoke(app, ["report", str(base), str(slow), "--slo", "tpot=12", "--out", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
     markdown = (tmp_path / "r" / "report.md").read_text()
     assert "**base**" in markdown and "**slow**" in markdown and "TPOT <= 12 ms" in markdown
 
-    def gate(candidate: Path, threshold: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*BENCH, "gate", "--baseline", str(base), "--candidate", str(candidate), "--metric",
-                               "tpot_p50", "--max-regression", threshold], capture_output=True, text=True, timeout=300)
+    def gate(candidate: Path, threshold: str):  # noqa: ANN202 (typer's Result)
+        return CliRunner().invoke(app, ["gate", "--baseline", str(base), "--candidate", str(candidate), "--metric",
+                                        "tpot_p50", "--max-regression", threshold])
 
     # Client noise on a shared machine is not in the bootstrap interval: a wide guard band for A/A.
     same = gate(again, "25%")
-    assert same.returncode == 0, same.stdout + same.stderr
+    assert same.exit_code == 0, same.output
     slower = gate(slow, "25%")  # +40 % programmed inter-token gap
-    assert slower.returncode == 1, slower.stdout + slower.stderr
-    assert "❌ regression" in slower.stdout
+    assert slower.exit_code == 1, slower.output
+    assert "❌ regression" in slower.output
