@@ -32,6 +32,8 @@ same burst shape, rate scaled by n/rows); num_requests > rows draws with replace
 Request classes (per-class SLOs): a generic CSV/JSONL trace's `class` column, else a mixture component's name
 (its file stem for a path), in RequestSpec.request_class.
 Multi-turn conversation files (ShareGPT, LMSYS-Chat-1M, OpenAI messages) for session workloads: workloads.conversations.
+Prompt text sent as it is (not lengths): the TEXT_WORKLOADS (copy-heavy), `prompts:FILE` and the shipped prompt sets
+(servelab-prompts) of workloads.prompt_files; is_text_workload(name) tells them apart, and load() refuses them.
 Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
 Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
