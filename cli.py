@@ -7,6 +7,8 @@ check …` (correctness and machine checks) and `bench lab …` (studies of the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 import engine.commands
@@ -36,11 +38,19 @@ lab_app = typer.Typer(
     help="Studies of the tool itself (gate noise, tuner efficiency, simulator fit, ...).", no_args_is_help=True
 )
 
+
 # The sweep never imports reports (workloads <- sweep <- reports) and the engine imports neither: their commands
 # get the report renderer, the compare report and gate, and the workload loader from here.
+def get_tokenizer(name: str) -> Any:
+    """The engine's tokenizer resolver (aliases, HF dirs, .gguf), imported when a command first needs it."""
+    from engine.tokenizer import get_tokenizer as resolve
+
+    return resolve(name)
+
+
 groups = {"model": model_app, "check": check_app, "lab": lab_app}
 engine.commands.register(app, groups, load_workload=workloads.load, load_texts=workloads.load_texts)
-workloads.commands.register(app)
+workloads.commands.register(app, get_tokenizer=get_tokenizer)
 sweep.commands.register(app, groups, render_report=reports.render_report)
 sweep.tune.commands.register(app, groups, render_report=reports.render_report)
 sweep.simulate.commands.register(app, groups, render_report=reports.render_report)

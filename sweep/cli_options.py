@@ -53,7 +53,9 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
     "attainment": OptionSpec(0.9, "SLO attainment goal for --max-load-under-slo.", LOAD_PANEL),
     "max_load": OptionSpec(4096.0, "--max-load-under-slo never goes above this load.", LOAD_PANEL),
     "endpoint": OptionSpec("completions", "completions | chat.", WORKLOAD_PANEL),
-    "workload": OptionSpec("random", "Workload name or trace path (see `bench workloads list`).", WORKLOAD_PANEL),
+    "workload": OptionSpec(
+        "random", "Workload name, trace path or prompts:FILE (see `bench workloads list`).", WORKLOAD_PANEL
+    ),
     "input_len": OptionSpec(None, f"fixed/random: prompt tokens (default {SYNTHETIC_INPUT_LEN}).", WORKLOAD_PANEL),
     "output_len": OptionSpec(None, f"fixed/random: output tokens (default {SYNTHETIC_OUTPUT_LEN}).", WORKLOAD_PANEL),
     "random_range_ratio": OptionSpec(0.0, "random: lengths uniform in L*(1 +- r).", WORKLOAD_PANEL),

@@ -32,6 +32,8 @@ same burst shape, rate scaled by n/rows); num_requests > rows draws with replace
 Request classes (per-class SLOs): a generic CSV/JSONL trace's `class` column, else a mixture component's name
 (its file stem for a path), in RequestSpec.request_class.
 Multi-turn conversation files (ShareGPT, LMSYS-Chat-1M, OpenAI messages) for session workloads: workloads.conversations.
+Prompt text sent as it is (not lengths): the TEXT_WORKLOADS (copy-heavy), `prompts:FILE` and the shipped prompt sets
+(servelab-prompts) of workloads.prompt_files; is_text_workload(name) tells them apart, and load() refuses them.
 Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
 Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import arrivals, copy_heavy, mixes, prefix, structured, synthetic
+from workloads import arrivals, copy_heavy, mixes, prefix, prompt_files, structured, synthetic
 from workloads.fidelity import fidelity
 from workloads.fit import FIT_POLICIES, fit_to_model
 from workloads.loaders import load_trace
@@ -80,6 +82,8 @@ __all__ = [
     "TEXT_WORKLOADS",
     "copy_heavy",
     "load_texts",
+    "is_text_workload",
+    "prompt_files",
 ]
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -171,6 +175,11 @@ def load_texts(name: str, *, num_requests: int, seed: int = 0, output_len: int =
     return TEXT_WORKLOADS[name](num_requests, seed, output_len=output_len)
 
 
+def is_text_workload(name: str) -> bool:
+    """Whether `name` is sent as text (TEXT_WORKLOADS, `prompts:FILE` or a shipped prompt set), not as lengths."""
+    return name in TEXT_WORKLOADS or prompt_files.is_prompt_workload(name)
+
+
 def _mixture(spec: str, num_requests: int, seed: int) -> list[RequestSpec]:
     components, names = [], []
     for part in spec.split(","):
@@ -218,6 +227,11 @@ def load(
         specs = _mixture(name[len("mixture:") :], DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed)
     elif Path(name).expanduser().is_file():
         specs = sample(load_trace(Path(name).expanduser(), tokenizer=tokenizer, **options), num_requests, seed)
+    elif prompt_files.is_prompt_workload(name):
+        raise ValueError(
+            f"{name!r} is a prompt-text workload: its lengths come from its text and the target's tokenizer "
+            "(bench sweep --workload, bench workloads show --tokenizer), not from workloads.load"
+        )
     else:
         known = shipped_names() + list(GENERATORS)
         raise ValueError(f"unknown workload {name!r}: not a file, and not one of {known} or 'mixture:a=w,b=w'")

@@ -1,18 +1,28 @@
-"""`bench workloads list` and `bench workloads show NAME [--plot out.png]`."""
+"""`bench workloads list` and `bench workloads show NAME [--plot out.png]`; a prompt workload (prompts:FILE or a shipped
+prompt set) is measured with `--tokenizer` and compared with a shipped mix (`--compare`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 SHOWN_METADATA = ("name", "description", "source", "licence", "attribution", "tokenizer", "token_counts", "rows")
 SHOWN_METADATA += ("derivation", "resolution")
-workloads_app = typer.Typer(help="Real length mixes, synthetic workloads and trace files.", no_args_is_help=True)
+workloads_app = typer.Typer(
+    help="Real length mixes, synthetic workloads, trace files and prompt files (prompts:FILE, servelab-prompts).",
+    no_args_is_help=True,
+)
+DEFAULT_TOKENIZER = "smollm2-135m"
+_tokenizer_loader: list[Callable[[str], Any]] = []
 
 
-def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `bench` app."""
+def register(app: typer.Typer, get_tokenizer: Callable[[str], Any] | None = None) -> None:
+    """Add this package's commands to the `bench` app; `get_tokenizer` (name -> tokenizer) measures prompt files."""
+    if get_tokenizer is not None:
+        _tokenizer_loader[:] = [get_tokenizer]
     app.add_typer(workloads_app, name="workloads")
 
 
@@ -50,6 +60,8 @@ def list_command() -> None:
     console.print(lengths)
     console.print(provenance)
     console.print(f"generators: {', '.join(workloads.GENERATORS)}, mixture:<name>=<weight>,...; or a trace file path")
+    sets = ", ".join(workloads.prompt_files.shipped_prompt_sets())
+    console.print(f"text: {', '.join(workloads.TEXT_WORKLOADS)}, prompt sets {sets}, prompts:FILE (JSONL or ShareGPT)")
 
 
 def _describe(name: str) -> tuple[list, dict]:
@@ -70,23 +82,86 @@ def _describe(name: str) -> tuple[list, dict]:
     }
 
 
+def _describe_prompts(
+    name: str, tokenizer_name: str, endpoint: str | None, output_len: int | None
+) -> tuple[list, dict]:
+    from workloads.prompt_files import read_prompt_file
+    from workloads.stats import correlation, percentiles
+    from workloads.text_workloads import text_prompts
+
+    data = read_prompt_file(name)  # a bad file fails before the tokenizer loads
+    if not _tokenizer_loader:
+        raise ValueError("measuring a prompt file needs a tokenizer loader (bench registers one)")
+    endpoint = endpoint or ("chat" if data.has_chats else "completions")
+    specs, _ = text_prompts(name, endpoint, output_len, _tokenizer_loader[0](tokenizer_name), None, 0, "")
+    inputs, outputs = [s.input_len for s in specs], [s.output_len for s in specs]
+    return specs, {
+        "name": name,
+        "source": str(data.path),
+        "tokenizer": f"{tokenizer_name} (lengths measured from the text, {endpoint} endpoint)",
+        "rows": f"{len(specs)}"
+        + (f" ({data.skipped} ShareGPT entries without a human turn skipped)" * bool(data.skipped)),
+        "source_percentiles": {"input_len": percentiles(inputs), "output_len": percentiles(outputs)},
+        "correlation": correlation(inputs, outputs),
+    }
+
+
+def _print_comparison(console: Any, specs: list, mix: str) -> None:
+    import workloads
+    from workloads.fidelity import compare_lengths
+
+    compared = compare_lengths(specs, workloads.load(mix))
+    for key, sides in compared.items():
+        for side, label in (("workload", "this workload"), ("reference", mix)):
+            stats = sides[side]
+            shown = "  ".join(f"{q} {stats[q]:,.0f}" for q in ("p10", "p50", "p90", "p99"))
+            console.print(f"[bold]{key}[/] {label:>24}: {shown}")
+        console.print(f"[bold]{key}[/] {'KS statistic':>24}: {sides['ks']:.3f} (0 = same distribution, 1 = disjoint)")
+
+
 @workloads_app.command("show")
 def show_command(
-    name: str = typer.Argument(..., help="a shipped mix, a generator name, or a trace file"),
+    name: str = typer.Argument(..., help="a shipped mix, a generator, a trace file, a prompt set or prompts:FILE"),
     plot: Path | None = typer.Option(None, "--plot", help="write a PNG: length histograms, scatter, arrivals"),
+    tokenizer: str = typer.Option(
+        DEFAULT_TOKENIZER, "--tokenizer", help="prompt workloads: the tokenizer that measures the text (the target's)"
+    ),
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="prompt workloads: completions | chat (default: chat if the file has chats)"
+    ),
+    output_len: int | None = typer.Option(
+        None, "--output-len", min=1, help="prompt workloads: output length of rows without one (default 128)"
+    ),
+    compare: str = typer.Option("sharegpt", "--compare", help="prompt workloads: the shipped mix shown beside them"),
 ) -> None:
-    """Metadata, length percentiles, correlation, arrival and prefix statistics of one workload."""
+    """Metadata, length percentiles, correlation, arrival and prefix statistics of one workload; a prompt workload's
+    lengths are measured with --tokenizer and shown beside a shipped mix's (--compare) with their KS statistic."""
     import json
 
     from rich.console import Console
     from rich.markup import escape
 
+    import workloads
+
     console = Console()
+    prompt_workload = workloads.prompt_files.is_prompt_workload(name)
+    if prompt_workload:
+        if endpoint not in (None, "completions", "chat"):
+            console.print(f"[red]--endpoint must be completions or chat, got {endpoint!r}")
+            raise typer.Exit(2)
+        if compare not in workloads.shipped_names():
+            console.print(f"[red]--compare {compare!r} is not a shipped mix: {', '.join(workloads.shipped_names())}")
+            raise typer.Exit(2)
     try:
-        specs, meta = _describe(name)
+        if prompt_workload:
+            specs, meta = _describe_prompts(name, tokenizer, endpoint, output_len)
+        else:
+            specs, meta = _describe(name)
     except (ValueError, OSError) as error:
-        console.print(f"[red]{error}")
-        raise typer.Exit(1) from None
+        console.print(f"[red]{escape(str(error))}")
+        raise typer.Exit(2 if prompt_workload else 1) from None
+    if prompt_workload:
+        console.print(f"[bold]count[/]: {len(specs)}")
     for key in SHOWN_METADATA:
         if key in meta:
             console.print(f"[bold]{key}[/]: {escape(str(meta[key]))}")
@@ -94,6 +169,8 @@ def show_command(
         stats = meta["source_percentiles"][key]
         console.print(f"[bold]{key}[/]: " + "  ".join(f"{q} {v:,.0f}" for q, v in stats.items()))
     console.print(f"[bold]correlation[/]: {meta['correlation']}")
+    if prompt_workload:
+        _print_comparison(console, specs, compare)
     for key in ("arrivals", "prefix"):
         if meta.get(key):
             shown = dict(meta[key])

@@ -73,3 +73,22 @@ def fidelity(
             send_lag_max_s=float(lag.max()),
         )
     return result
+
+
+def compare_lengths(specs: Sequence[RequestSpec], reference: Sequence[RequestSpec]) -> dict:
+    """How a workload's lengths (e.g. a prompt file's, measured with the target's tokenizer) compare with a reference
+    mix's: each side's percentiles and the two-sample KS statistic (0 = identical distributions) per length."""
+    from workloads.stats import percentiles
+
+    if not specs or not reference:
+        raise ValueError("compare_lengths needs two non-empty workloads")
+    result: dict = {}
+    for key in ("input_len", "output_len"):
+        mine = [getattr(spec, key) for spec in specs]
+        theirs = [getattr(spec, key) for spec in reference]
+        result[key] = {
+            "workload": percentiles(mine),
+            "reference": percentiles(theirs),
+            "ks": ks_statistic(mine, theirs),
+        }
+    return result

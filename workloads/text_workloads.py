@@ -1,6 +1,7 @@
-"""Prompts of the text workloads (`workloads.TEXT_WORKLOADS`, e.g. copy-heavy): their point is what the prompt
-says, so each request's text is sent as it is (a user message on the chat endpoint, the raw text on
-completions) and its input length is counted with the target's tokenizer, chat template included."""
+"""Prompts of the text workloads (`workloads.TEXT_WORKLOADS`, e.g. copy-heavy, and the prompt files of
+workloads.prompt_files: `prompts:FILE` and the shipped prompt sets): their point is what the prompt says, so each
+request's text is sent as it is (a user message on the chat endpoint, the raw text on completions) and its input
+length is counted with the target's tokenizer, chat template included."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def text_prompts(
     """`n` requests of the text workload `name` for `endpoint` (completions | chat). A non-empty `salt` starts every
     prompt (`[salt] `), so a point does not hit the prefix cache the previous point warmed with the same texts."""
     import workloads
+    from workloads.prompt_files import is_prompt_workload, prompt_file_prompts
 
+    if is_prompt_workload(name):
+        return prompt_file_prompts(name, endpoint, output_len, tokenizer, n, seed, salt)
     texts = workloads.load_texts(name, num_requests=n, seed=seed, output_len=output_len or DEFAULT_OUTPUT_LEN)
     specs: list[RequestSpec] = []
     prompts: list[SynthesizedPrompt] = []

@@ -63,7 +63,7 @@ def build_prompts(
     import workloads
 
     seed = workload.seed + seed_offset
-    if workload.workload in workloads.TEXT_WORKLOADS:
+    if workloads.is_text_workload(workload.workload):
         from workloads.text_workloads import text_prompts
 
         specs, texts = text_prompts(
@@ -108,7 +108,7 @@ def check_slo_classes(
     if not wanted:
         return
     present: list[str] = []
-    if workload.workload not in workloads.TEXT_WORKLOADS:
+    if not workloads.is_text_workload(workload.workload):
         specs, _ = workload_specs(workload, n, workload.seed, tokenizer if is_trace_file(workload) else None)
         present = sorted({s.request_class for s in specs if s.request_class is not None})
     unknown = [name for name in wanted if name not in present]
