@@ -12,7 +12,8 @@ an uncertain one is measured again, up to `extra_repeats` more times (`--search-
 judged over its measurements, until its verdict is pass or fail. One still uncertain goes to the side its pooled
 attainment is on (>= goal: the bisection continues above it). The answer: `best`, the largest load whose
 verdict is pass, and `max_load_interval` = (best, the smallest load above it whose verdict is fail); the true max
-load lies in it at about the confidence level, and every uncertain load probed lies inside it.
+load lies in it at about the confidence level. `uncertain` lists the loads still uncertain after their
+re-measurements (a search that started above the capacity may have one above the interval's upper end).
 A saturated measurement (sweep.point.saturation) fails its probe whatever its counts.
 Without a confidence level (`confidence=None`: the tuner and `bench simulate`) a probe passes iff its attainment
 >= goal, as a point estimate.
