@@ -244,8 +244,11 @@ def max_load_interval_text(result: SearchResult) -> str:
 
 
 def answer_text(result: SearchResult, unit: str, points: int) -> str:
-    """The console's answer line (rich markup): the max load, its interval, the bracket and the points run."""
+    """The console's answer line (rich markup): the max load, its interval, the loads left uncertain, the bracket
+    and the points run."""
     interval = max_load_interval_text(result)
+    if result.uncertain:  # a load more requests would settle
+        interval += f"; uncertain {', '.join(f'{v:g}' for v in result.uncertain)}: more prompts or --search-repeats"
     if result.best is None:
         level = "" if result.confidence is None else f" with {result.confidence * 100:g} % confidence"
         return f"[red]no load met attainment >= {result.goal}{level}[/red] ({interval}; {points} points)"

@@ -13,6 +13,7 @@ from cli import app
 from sweep.run.search import (
     Counts,
     SearchConfig,
+    answer_text,
     max_load_interval_text,
     max_load_under_slo,
     point_counts,
@@ -138,6 +139,8 @@ def test_interval_text() -> None:
     assert [p.value for p in result.probes] == [4, 8, 16, 12, 10, 9] and result.bracket == (8, 9)
     assert result.best == 4 and result.max_load_interval == (4, 9) and result.uncertain == [8]
     assert max_load_interval_text(result) == "95 % interval 4–9"
+    said = answer_text(result, "streams", 6)
+    assert "max load under SLO: 4 streams" in said and "95 % interval 4–9; uncertain 8: more prompts" in said
     result.max_load_interval = (4, None)
     assert max_load_interval_text(result) == "95 % interval 4–?"
 

@@ -180,6 +180,7 @@ def test_repeats_combine_with_the_search(mock: ServerProcess, tmp_path: Path) ->
     assert search["labels"] == ["c0001", "c0001-rep1", "c0002", "c0002-rep1"]
     assert [(p["judged"], p["verdict"]) for p in search["probes"]] == [(40, "pass"), (40, "pass")]
     assert "max load under SLO: 2 streams (95 % interval 2–?" in console.file.getvalue()
+    assert sorted(sweep.load_results(cfg.output_dir).points["label"]) == search["labels"]  # every point readable
 
 
 def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> None:
