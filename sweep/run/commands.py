@@ -91,8 +91,13 @@ def sweep(
         "point is still marked saturated.", rich_help_panel=LOAD_PANEL,
     ),
     search_repeats: int = typer.Option(
-        0, help="--max-load-under-slo: measure each end of the final bracket R more times and report the max "
-        "load with an interval.", rich_help_panel=LOAD_PANEL,
+        0, help="--max-load-under-slo: measure a load whose verdict is uncertain up to R more times, pooling its "
+        "good and judged requests, until it passes or fails with --confidence.", rich_help_panel=LOAD_PANEL,
+    ),
+    confidence: float = typer.Option(
+        0.95, help="--max-load-under-slo: confidence level of each load's attainment interval (Wilson score); "
+        "a load passes when the interval's lower bound >= --attainment, fails when its upper bound is below.",
+        rich_help_panel=LOAD_PANEL,
     ),
     url: str | None = typer.Option(
         None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
@@ -145,7 +150,8 @@ def sweep(
     ),
     repeats: int = typer.Option(
         1, help="Measure every point this many times, interleaved (repeat k runs all points before k+1); "
-        "`bench gate` resamples repeats to see between-run noise."
+        "`bench gate` resamples repeats to see between-run noise. With --max-load-under-slo: each probe's "
+        "first R measurements, back to back, pooled."
     ),
     server_metrics: bool = typer.Option(
         True, "--server-metrics/--no-server-metrics", help="Scrape the target's /metrics over each point."
@@ -213,6 +219,7 @@ def sweep(
             num_warmups=num_warmups,
             reset_prefix_cache=reset_prefix_cache,
             search_repeats=search_repeats,
+            confidence=confidence,
             resume=resume,
             client_procs=client_procs,
             repeats=repeats,

@@ -15,6 +15,7 @@ from sweep.point.cancel import CancelConfig
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
 from sweep.point.saturation import SaturationConfig
 from sweep.run.load_config import LoadConfig
+from sweep.run.search import check_confidence
 
 
 @dataclass
@@ -32,7 +33,8 @@ class SweepConfig(LoadConfig):
     launch_template: str | None = None  # an external server's command template (see launcher.py)
     num_warmups: int = 0
     reset_prefix_cache: bool = False
-    search_repeats: int = 0  # --max-load-under-slo: extra measurements of each bracket end (search.confirm_boundary)
+    search_repeats: int = 0  # --max-load-under-slo: at most this many more measurements of an uncertain probe
+    confidence: float = 0.95  # --max-load-under-slo: each probe's attainment interval's level (sweep/run/search.py)
     resume: bool = False
     client_procs: int = 1
     repeats: int = 1  # see sweep/run/repeats.py
@@ -61,8 +63,7 @@ class SweepConfig(LoadConfig):
         self.output_dir = Path(self.output_dir)
         if self.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.repeats > 1 and self.max_load_under_slo:
-            raise ValueError("--repeats repeats fixed loads; it cannot be combined with --max-load-under-slo")
+        check_confidence(self.confidence)
         if self.ramp_up is not None and (self.mode != "rate" or self.values != [self.ramp_up[2]]):
             raise ValueError("a ramp-up is one rate point: mode 'rate' with values [end rps]")
         sessions = self.turns > 1 or self.workload.conversations is not None

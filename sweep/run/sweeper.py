@@ -39,7 +39,7 @@ from sweep.run.run_info import (
     run_config,
     workload_fidelity,
 )
-from sweep.run.search import SearchConfig, SearchResult, confirm_boundary, max_load_under_slo, search_attainment
+from sweep.run.search import SearchConfig, SearchResult, answer_text, max_load_under_slo, point_counts, search_record
 from sweep.run.sweep_config import SweepConfig
 
 
@@ -123,6 +123,7 @@ class Sweeper:
             "num_warmups": cfg.num_warmups,
             "reset_prefix_cache": cfg.reset_prefix_cache,
             "search_repeats": cfg.search_repeats,
+            "confidence": cfg.confidence,
             "client_procs": cfg.client_procs,
             "repeats": cfg.repeats,
             "server_metrics": cfg.server_metrics,
@@ -339,29 +340,20 @@ class Sweeper:
         self.console.print(results.console_row(point, p), soft_wrap=True)
 
     def search(self) -> SearchResult:
+        """The --max-load-under-slo search (sweep/run/search.py): each probe measured --repeats times, an
+        uncertain one up to --search-repeats more (points `<label>-rep<r>`), verdicts at --confidence."""
         cfg = self.config
         assert self.writer is not None
-        config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
-        result = max_load_under_slo(config, lambda value: search_attainment(self.measure(value)))
-        result = confirm_boundary(
-            result, cfg.search_repeats, lambda value, r: search_attainment(self.measure(value, r))
-        )
-        labels = [cfg.label(p.value) + (f"-rep{p.repeat}" if p.repeat else "") for p in result.probes]
+        config = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load,
+                              confidence=cfg.confidence, repeats=cfg.repeats, extra_repeats=cfg.search_repeats)
+        result = max_load_under_slo(config, lambda value, r: point_counts(self.measure(value, r)))
+        search = search_record(result, cfg.label)
         fixed = cfg.warmup_seconds or cfg.cooldown_seconds
         rule = "auto" if cfg.steady_window == "auto" else "fixed" if fixed else None  # probes judged by windows
-        search = {**result.to_dict(), "labels": labels, "slo": cfg.slo, "steady_window": rule}
+        search.update(slo=cfg.slo, steady_window=rule)
         self.writer.write_search(search)
         unit = "streams" if cfg.mode == "concurrency" else "req/s"
-        if result.best is None:
-            self.console.print(
-                f"[red]no load met attainment >= {cfg.attainment}; smallest failing: {result.bracket[1]}"
-            )
-        else:
-            interval = f", interval {result.interval}" if result.interval is not None else ""
-            self.console.print(
-                f"[green]max load under SLO: {result.best:g} {unit}[/green] (bracket {result.bracket}{interval}, "
-                f"{len(result.probes)} points)"
-            )
+        self.console.print(answer_text(result, unit, len(search["labels"])))
         return result
 
     def run(self) -> list[dict[str, Any]]:

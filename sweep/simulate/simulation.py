@@ -245,10 +245,11 @@ class Simulator:
         cfg = self.config
         if not cfg.max_load_under_slo:
             return [self.measure(value) for value in cfg.values]
-        from sweep.run.search import SearchConfig, max_load_under_slo
+        from sweep.run.search import SearchConfig, max_load_under_slo, point_counts
 
+        # a point estimate (no confidence level): each load is simulated once
         search = SearchConfig(mode=cfg.mode, start=cfg.values[0], attainment=cfg.attainment, max_value=cfg.max_load)
-        result = max_load_under_slo(search, lambda value: float(self.measure(value)["slo_attainment"] or 0.0))
+        result = max_load_under_slo(search, lambda value, _: point_counts(self.measure(value)))
         labels = [cfg.label(p.value) for p in result.probes]
         self.writer.write_search({**result.to_dict(), "labels": labels, "slo": cfg.slo})
         unit = "streams" if cfg.mode == "concurrency" else "req/s"

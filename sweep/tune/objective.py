@@ -112,12 +112,12 @@ def max_load_search(
     `on_point(step, best_passing_load, point)` runs after each point and may raise to stop the search (the tuner
     prunes there).
     """
-    from sweep.run.search import SearchConfig, max_load_under_slo
+    from sweep.run.search import Counts, SearchConfig, max_load_under_slo
 
     points: list[dict[str, Any]] = []
     passing = 0.0
 
-    def attainment(load: float) -> float:
+    def attainment(load: float, _repeat: int) -> Counts:
         nonlocal passing
         point = measure(load)
         points.append(point)
@@ -125,7 +125,7 @@ def max_load_search(
             passing = max(passing, float(load))
         if on_point is not None:
             on_point(len(points) - 1, passing, point)
-        return point_attainment(point) or 0.0
+        return Counts(attainment=point_attainment(point) or 0.0)
 
     config = SearchConfig(mode=spec.load_mode, start=spec.min_load, attainment=spec.attainment,
                           max_value=spec.max_load, min_value=spec.min_load, rel_tolerance=spec.rate_precision)

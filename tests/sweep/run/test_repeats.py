@@ -100,11 +100,6 @@ def test_resume_keeps_finished_repeats(mock: ServerProcess, tmp_path: Path, monk
     assert results.requests.groupby(["label", "repeat"]).size().tolist() == [5] * 6
 
 
-def test_repeats_reject_search() -> None:
-    with pytest.raises(ValueError, match="max-load-under-slo"):
-        SweepConfig(output_dir=Path("x"), repeats=2, max_load_under_slo=True, slo={"ttft_ms": 1.0})
-
-
 def test_repeats_with_a_steady_window_pool_the_windows(mock: ServerProcess, tmp_path: Path) -> None:
     cfg = config(mock, tmp_path / "steady", values=[2], repeats=2, num_prompts=16, warmup_seconds=0.004,
                  cooldown_seconds=0.004)

@@ -24,7 +24,7 @@ from sweep.point.runner import PointSpec, WorkloadConfig
 from sweep.point.saturation import NOT_SENT_AT_STOP, STOPPED_ERROR, Saturation, SaturationConfig
 from sweep.point.watch import stopped_point_records
 from sweep.run.repeats import pooled_point
-from sweep.run.search import search_attainment
+from sweep.run.search import point_counts
 from sweep.run.sweeper import SweepConfig, Sweeper
 
 TTFT_MS, ITL_MS, OUTPUT_LEN, SLOTS = 20.0, 5.0, 20, 4
@@ -109,8 +109,9 @@ def test_a_stopped_point_keeps_what_was_due_by_the_stop() -> None:
 
 
 def test_the_search_takes_a_saturated_point_as_failing() -> None:
-    assert search_attainment({"slo_attainment": 0.97, "saturated": True}) == 0.0
-    assert search_attainment({"slo_attainment": 0.97, "saturated": False}) == 0.97
+    assert point_counts({"slo_attainment": 0.97, "saturated": True}).attainment == 0.0
+    assert point_counts({"slo_attainment": 0.97, "saturated": True}).saturated
+    assert point_counts({"slo_attainment": 0.97, "saturated": False}).attainment == 0.97
 
 
 def test_a_repeated_point_is_saturated_when_any_repeat_was() -> None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.run.search import SearchConfig, max_load_under_slo
+from sweep.run.search import Counts, SearchConfig, max_load_under_slo
 
 
 def attainment_until(capacity: float):
     calls: list[float] = []
 
-    def measure(load: float) -> float:
+    def measure(load: float, repeat: int) -> Counts:
         calls.append(load)
-        return 1.0 if load <= capacity else 0.5
+        return Counts(attainment=1.0 if load <= capacity else 0.5)
 
     return measure, calls
 
@@ -44,30 +44,9 @@ def test_rate_search_within_tolerance() -> None:
 
 
 def test_goal_is_inclusive_and_validated() -> None:
-    result = max_load_under_slo(SearchConfig(mode="concurrency", start=2, max_value=2, attainment=0.9), lambda _: 0.9)
+    config = SearchConfig(mode="concurrency", start=2, max_value=2, attainment=0.9)
+    result = max_load_under_slo(config, lambda *_: Counts(0.9))
     assert result.best == 2
     for bad in ({"attainment": 0.0}, {"attainment": 1.5}, {"start": 0}, {"mode": "tokens"}):
         with pytest.raises(ValueError):
             SearchConfig(**{"mode": "concurrency", "start": 1, **bad})
-
-
-def test_repeats_near_the_boundary_give_an_interval() -> None:
-    from sweep.run.search import confirm_boundary
-
-    # capacity 8 streams, but load 8 is noisy: its repeats fail once; 9 fails every time
-    noisy = {(8, 1): 0.85}
-
-    def measure(value: float) -> float:
-        return 0.95 if value <= 8 else 0.5
-
-    def again(value: float, repeat: int) -> float:
-        return noisy.get((int(value), repeat), measure(value))
-
-    result = max_load_under_slo(SearchConfig(mode="concurrency", start=2), measure)
-    assert result.best == 8 and result.bracket == (8, 9)
-    result = confirm_boundary(result, 2, again)
-    assert [(p.value, p.repeat) for p in result.probes if p.repeat] == [(8, 1), (8, 2), (9, 1), (9, 2)]
-    assert result.uncertain == [8] and result.best == 4 and result.interval == (4, 9)  # 8 passed 2 of 3
-    clean = confirm_boundary(max_load_under_slo(SearchConfig(mode="concurrency", start=2), measure), 2,
-                             lambda v, r: measure(v))
-    assert clean.best == 8 and clean.interval == (8, 9) and clean.uncertain == []

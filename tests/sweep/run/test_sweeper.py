@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import shlex
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import sweep
 import sweep.run.sweeper
@@ -149,16 +151,36 @@ def test_rate_sweep_and_search(mock: ServerProcess, tmp_path: Path) -> None:
     assert point["label"] == "r0040.00" and point["request_rate"] == 40.0 and point["burstiness"] == 0.5
     assert point["max_concurrency"] == 2 and "mean_e2el_including_client_queue_ms" in point  # open loop + cap
 
+    # 20 of 20 good is uncertain at 95 % (Wilson lower bound 0.84 < 0.9); pooled with one more, 40 of 40 passes
     run_dir = run_sweep(
-        config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=4, num_warmups=0, num_prompts=4,
-               search_repeats=1)
+        config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=4, num_warmups=0,
+               num_prompts=20, search_repeats=1)
     )
     search = json.loads((run_dir / "search.json").read_text())
-    assert search["best"] == 4 and search["labels"] == ["c0001", "c0002", "c0004", "c0004-rep1"]
-    assert search["bracket"][0] == 4 and [p["value"] for p in search["probes"]] == [1, 2, 4, 4]  # bracket and probes
-    assert search["interval"] == [4, None] and (run_dir / "points" / "c0004-rep1.json").is_file()  # a repeat
-    assert all(p["passed"] and p["attainment"] == 1.0 for p in search["probes"])
-    assert len(sweep.load_results(run_dir).points) == 4
+    assert search["best"] == 4 and search["max_load_interval"] == [4, None] and search["confidence"] == 0.95
+    assert search["labels"] == ["c0001", "c0001-rep1", "c0002", "c0002-rep1", "c0004", "c0004-rep1"]
+    assert search["bracket"][0] == 4 and [p["value"] for p in search["probes"]] == [1, 2, 4]  # bracket and probes
+    assert (run_dir / "points" / "c0004-rep1.json").is_file() and search["uncertain"] == []  # a re-measurement
+    for probe in search["probes"]:
+        assert probe["labels"] == [f"c{int(probe['value']):04d}", f"c{int(probe['value']):04d}-rep1"]
+        assert (probe["good"], probe["judged"], probe["attainment"], probe["verdict"]) == (40, 40, 1.0, "pass")
+        assert [probe["ci_low"], probe["ci_high"]] == pytest.approx([40 / (40 + 1.9599640**2), 1.0], abs=1e-6)
+        assert [m["judged"] for m in probe["measurements"]] == [20, 20]
+    assert len(sweep.load_results(run_dir).points) == 6
+
+
+def test_repeats_combine_with_the_search(mock: ServerProcess, tmp_path: Path) -> None:
+    """--repeats 2: every probe starts with two pooled measurements, so 20 + 20 good requests pass at once."""
+    console = Console(file=io.StringIO(), width=300)
+    cfg = config(mock, tmp_path / "search", values=[1], max_load_under_slo=True, max_load=2, num_warmups=0,
+                 num_prompts=20, repeats=2)
+    with Sweeper(cfg, console) as sweeper:
+        sweeper.run()
+    search = json.loads((cfg.output_dir / "search.json").read_text())
+    assert search["labels"] == ["c0001", "c0001-rep1", "c0002", "c0002-rep1"]
+    assert [(p["judged"], p["verdict"]) for p in search["probes"]] == [(40, "pass"), (40, "pass")]
+    assert "max load under SLO: 2 streams (95 % interval 2–?" in console.file.getvalue()
+    assert sorted(sweep.load_results(cfg.output_dir).points["label"]) == search["labels"]  # every point readable
 
 
 def test_launched_server_dying_fails_the_sweep_with_its_log(tmp_path: Path) -> None:
