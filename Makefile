@@ -32,12 +32,15 @@ model: install
 	@echo "[model] preparing $(BENCH_MODEL)"
 	$(VENV)/bin/bench model prepare $(BENCH_MODEL)
 
+# The suite on both cores (pytest-xdist, a test file per worker so module-scoped servers start once), then the
+# tests that assert on measured time alone: a second worker's load would move their figures.
 test: install-test
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --durations=20 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial" --durations=20 tests
+	$(PY) -m pytest -q -m serial --durations=10 tests
 
 test-fast: install-test
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not serial" tests
 
 lint: install-test
 	$(VENV)/bin/ruff check .

@@ -58,6 +58,7 @@ def _sweep(url: str, out: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # A/A within 25 % on the mock
 def test_sweep_report_gate(tmp_path):
     with mock_server(itl_ms=10) as url:
         base = _sweep(url, tmp_path / "base")

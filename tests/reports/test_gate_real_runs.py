@@ -24,6 +24,7 @@ def _ab(out: Path, candidate_knobs: str = "") -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # A/A must pass at the workflow's 10 % threshold
 def test_workflow_gate_passes_identical_code_and_fails_a_40_percent_slowdown(tmp_path: Path) -> None:
     # These flags' measured A/A false-alarm rate is about 5 % (docs/GATE.md), so one failed A/A gets a second try;
     # two in a row (about 0.25 %) fail the test.

@@ -26,6 +26,7 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield server
 
 
+@pytest.mark.serial  # a 2 ms bound on what the client measures
 @pytest.mark.parametrize("concurrency,num_prompts", [(1, 12), (64, 256)])
 def test_measured_ttft_and_tpot_match_programmed(mock: ServerProcess, concurrency: int, num_prompts: int) -> None:
     client = ClientConfig(mock.url, "mock")
