@@ -8,8 +8,8 @@ last known token's row, then one row per draft. Row j scores the token that foll
 choice there accepts or rejects draft j.
 
 A request asking for prompt logprobs also gets `num_prompt_logprobs_rows` rows before its sampling rows. The step's
-row layout (`LogitsRows`) is computed once, when the SchedulerOutput is built (it reads `num_computed_tokens`,
-which the step's update advances), and every consumer reads its offsets from `SchedulerOutput.logits_rows`.
+row layout (`LogitsRows`) is computed once, on the first read of `SchedulerOutput.logits_rows` (before the step's
+update, which advances the `num_computed_tokens` it reads), and every consumer reads its offsets from there.
 """
 
 from __future__ import annotations
@@ -107,10 +107,16 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
-    logits_rows: LogitsRows = field(init=False)  # computed from `scheduled` at construction
+    _logits_rows: LogitsRows | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.logits_rows = LogitsRows.of(self.scheduled)
+    @property
+    def logits_rows(self) -> LogitsRows:
+        """The step's row layout, computed on first read and kept. Invariant: the first read comes before the step's
+        update advances `num_computed_tokens` (EngineCore.step reads it before executing the model), so schedule()
+        itself pays nothing for it, as before the layout had one home."""
+        if self._logits_rows is None:
+            self._logits_rows = LogitsRows.of(self.scheduled)
+        return self._logits_rows
 
     @property
     def is_empty(self) -> bool:
