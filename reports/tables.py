@@ -47,10 +47,8 @@ def point_table(run: RunData) -> pd.DataFrame:
             table[f"attainment {name}"] = [
                 float("nan") if (a := c.get(name, {}).get("slo_attainment")) is None else a for c in per_point
             ]
-    if "saturated" in pts and pts["saturated"].notna().any():  # rate points the over-saturation detector judged
-        table["saturated"] = [
-            f"at {p['saturated_at_s']:.1f} s" if is_saturated(p) else "no" for p in pts.to_dict("records")
-        ]
+    if "saturated" in pts:  # rate points the over-saturation detector watched
+        table["saturated"] = [_saturation_cell(p) for p in pts.to_dict("records")]
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs
         table["valid outputs"] = pd.to_numeric(pts["valid_output_fraction"], errors="coerce").to_numpy()
     return table
@@ -166,3 +164,13 @@ def to_html(table: pd.DataFrame) -> str:
         for row in table.itertuples(index=False)
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _saturation_cell(point: dict) -> str:
+    if is_saturated(point):
+        return f"at {point['saturated_at_s']:.1f} s"
+    evidence = point.get("saturation")
+    if isinstance(evidence, dict) and evidence.get("judged") is False:
+        return "not judged"  # the point ended before a whole window past its ramp-up
+    value = point.get("saturated")
+    return "no" if isinstance(value, bool | np.bool_) or str(value).strip().lower() == "false" else "-"

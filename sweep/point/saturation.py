@@ -159,6 +159,8 @@ class SaturationDetector:
         self.samples: list[SaturationSample] = []
         self.streak = 0
         self.fired: Saturation | None = None
+        self.judged = False  # a whole window past the ramp-up was seen: a point that never fired was judged
+        self.window_needed_s: float | None = None  # the last window length the rule asked for
 
     def observe(self, sample: SaturationSample) -> Saturation | None:
         self.samples.append(sample)
@@ -176,11 +178,13 @@ class SaturationDetector:
         if last.t < cfg.min_observe_s or last.ramp_s is None:
             return None
         length = max(cfg.window_s, cfg.ramp_windows * last.ramp_s)
+        self.window_needed_s = length
         window = [s for s in self.samples if s.t >= last.t - length - 1e-9]
         first = window[0]
         span = last.t - first.t
         if len(window) < 4 or span < 0.5 * length or first.t < last.ramp_s:
             return None  # too few samples, or the window still holds the ramp-up
+        self.judged = True
         due, finished = last.due - first.due, last.finished - first.finished
         deficit = due - finished  # = the in-flight count's rise over the window
         if due <= 0 or finished >= (1.0 - cfg.rate_margin) * due:
@@ -273,10 +277,14 @@ def applies(mode: str, rate: float, ramp: object, rate_curve: object, turns: int
 
 def saturation_fields(result: dict | None) -> dict:
     """The point fields: `saturated`, `saturated_at_s` and the evidence, from the runner's extras entry
-    (`{"fired": Saturation | None, "stopped": bool, ...}`); no fields for a point the detector did not judge."""
+    (`{"fired": Saturation | None, "stopped": bool, "judged": bool, ...}`); no fields for a point the detector
+    does not apply to, and `saturated: None` (with `saturation.judged = False`) for one that ended before a whole
+    window past its ramp-up was seen: not judged is not "not saturated"."""
     if result is None:
         return {}
     fired: Saturation | None = result["fired"]
+    if fired is None and not result.get("judged", True):
+        return {"saturated": None, "saturation": {"judged": False, "window_needed_s": result.get("window_needed_s")}}
     if fired is None:
         return {"saturated": False}
     evidence = {k: v for k, v in asdict(fired).items() if k != "at_s"}
@@ -296,6 +304,17 @@ def saturation_message(point: dict) -> str:
             f"cancelled, {evidence.get('not_sent', 0)} due but not sent, {evidence.get('not_due', 0)} never due"
         )
     return f"{text}; its latencies measure a growing queue (--stop-when-saturated ends such points early)"
+
+
+def not_judged_message(point: dict) -> str | None:
+    """What the console says about a rate point the detector could not judge (None for any other point)."""
+    evidence = point.get("saturation") or {}
+    if point.get("saturated") is not None or evidence.get("judged", True):
+        return None
+    needed = evidence.get("window_needed_s")
+    window = f"its window of {needed:.0f} s (4 x the first requests' latency) " if needed else "its window "
+    return (f"{point['label']}: over-saturation not judged: the point ended before {window}past the ramp-up "
+            "closed; longer points (--duration) let the detector judge")
 
 
 def is_saturated(point: dict) -> bool:

@@ -84,7 +84,9 @@ async def dispatch_watched(
         )
     finally:
         watcher.cancel()
-    result: dict[str, Any] = {"fired": monitor.fired, "stopped": monitor.stopped.done()}
+    detector = monitor.detector
+    result: dict[str, Any] = {"fired": monitor.fired, "stopped": monitor.stopped.done(), "judged": detector.judged,
+                              "window_needed_s": detector.window_needed_s}
     if monitor.stopped.done():
         result["cancelled"] = sum(r.error == STOPPED_ERROR for r in records)
     return records, result

@@ -27,7 +27,7 @@ from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
-from sweep.point.saturation import is_saturated, saturation_fields, saturation_message
+from sweep.point.saturation import is_saturated, not_judged_message, saturation_fields, saturation_message
 from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
@@ -184,8 +184,6 @@ class Sweeper:
             point = self.writer.load_point(spec.label)
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
             self._print_row(point)
-            if is_saturated(point):
-                self.console.print(f"[red]{saturation_message(point)}[/red]")
             return point
         run = self._run_point(spec)
         self._check_server_alive()
@@ -205,8 +203,6 @@ class Sweeper:
                                "(--cancel-rate); neither completed nor failed[/dim]")
         self.writer.write_point(point, [r.to_row(spec.label) for r in run.records])
         self._print_row(point)
-        if is_saturated(point):
-            self.console.print(f"[red]{saturation_message(point)}[/red]")
         if self.server is None and point["failed"] and not point.get("saturation", {}).get("stopped"):
             check_target_healthy(self.client.url, spec.label, point["failed"])
         return point
@@ -338,6 +334,10 @@ class Sweeper:
             self.console.print(results.console_header(p), soft_wrap=True)
             self._header_printed = True
         self.console.print(results.console_row(point, p), soft_wrap=True)
+        if is_saturated(point):
+            self.console.print(f"[red]{saturation_message(point)}[/red]")
+        elif note := not_judged_message(point):
+            self.console.print(f"[yellow]{note}[/yellow]")
 
     def search(self) -> SearchResult:
         """The --max-load-under-slo search (sweep/run/search.py): each probe measured --repeats times, an

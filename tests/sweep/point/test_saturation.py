@@ -14,10 +14,12 @@ import pytest
 
 from sweep.point.saturation import (
     SaturationConfig,
+    SaturationDetector,
     SaturationSample,
     backlog_trend,
     detect,
     is_saturated,
+    not_judged_message,
     saturation_fields,
     saturation_message,
 )
@@ -132,3 +134,27 @@ def test_point_fields_and_the_verdict_everywhere_reads() -> None:
     assert not is_saturated({"saturated": float("nan")}) and not is_saturated({}) and not is_saturated(
         {"saturated": False}
     )
+
+
+def test_a_point_shorter_than_the_detectors_window_is_not_judged_rather_than_not_saturated() -> None:
+    """Requests of ~8 s make the window 4 x their p90 latency: a 40 s point at 2x capacity ends before it closes (measured on
+    smollm2-135m with LMSYS at 4 req/s), so the point is `saturated: None`, never a reassuring False."""
+    detector = SaturationDetector(SaturationConfig())
+    for sample in simulated_samples(2.0, seed=1, duration=40.0, slots=8, service=8.0):
+        detector.observe(sample)
+    assert detector.fired is None and not detector.judged and detector.window_needed_s > 40.0
+    result = {"fired": None, "stopped": False, "judged": False, "window_needed_s": detector.window_needed_s}
+    fields = saturation_fields(result)
+    assert fields["saturated"] is None and fields["saturation"]["judged"] is False and not is_saturated(fields)
+    message = not_judged_message({"label": "r0004.00", **fields})
+    assert message and message.startswith("r0004.00: over-saturation not judged") and "--duration" in message
+    judged = SaturationDetector(SaturationConfig())
+    for sample in simulated_samples(0.5, seed=1):
+        judged.observe(sample)
+    assert judged.judged and judged.fired is None
+    assert saturation_fields({"fired": None, "stopped": False, "judged": True}) == {"saturated": False}
+    assert not_judged_message({"label": "r0001.00", "saturated": False}) is None
+    from reports.tables import _saturation_cell
+
+    assert _saturation_cell({"label": "x", **fields}) == "not judged"
+    assert _saturation_cell({"saturated": False}) == "no" and _saturation_cell({"saturated": np.False_}) == "no"
