@@ -92,13 +92,11 @@ class Counts:
     saturated: bool = False
 
 
-@dataclass
-class Measurement:
-    repeat: int  # 0: the probe's first measurement; r > 0: its r-th re-measurement (points `<label>-rep<r>`)
-    attainment: float
-    good: int | None = None
-    judged: int | None = None
-    saturated: bool = False
+@dataclass(frozen=True)
+class Measurement(Counts):
+    """A probe's measurement: the counts `measure` returned, and which of the load's measurements it was."""
+
+    repeat: int = 0  # 0: the probe's first measurement; r > 0: its r-th re-measurement (points `<label>-rep<r>`)
 
 
 @dataclass
@@ -165,7 +163,7 @@ def max_load_under_slo(config: SearchConfig, measure: Callable[[float, int], Cou
 
     def one(value: float, repeat: int) -> Measurement:
         counts = measure(int(value) if integer else value, repeat)
-        return Measurement(repeat, counts.attainment, counts.good, counts.judged, counts.saturated)
+        return Measurement(**asdict(counts), repeat=repeat)
 
     def passes(value: float) -> bool:
         if value not in probes:
