@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads.conversations import ROLES
 from workloads.spec import RequestSpec, SynthesizedPrompt, WorkloadFormatError
 
 PREFIX = "prompts:"
@@ -33,7 +34,9 @@ DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_OUTPUT_LEN = 128
 OUTPUT_FIELDS = ("output_len", "max_tokens", "output_tokens")
 CHAT_ROLES = ("system", "user", "assistant")
-HUMAN, REPLY = ("human", "user"), ("gpt", "chatgpt", "assistant", "bard", "bing")
+# ShareGPT speakers, as the conversation loader maps them: a human turn is the prompt, the next reply its length.
+HUMAN = tuple(speaker for speaker, role in ROLES.items() if role == "user")
+REPLY = tuple(speaker for speaker, role in ROLES.items() if role == "assistant")
 
 
 @dataclass(frozen=True, slots=True)
