@@ -306,7 +306,6 @@ class Sweeper:
             "num_prompts": sum(r.sent for r in run.records),
             **metrics,
         }
-        self._add_cost(point, run.records, run.duration)
         cfg = self.config
         point.update(extra_point_fields(run, cfg.percentiles, cfg.slo, queue_inclusive))
         asked = point_window(run, cfg.warmup_seconds, cfg.cooldown_seconds, cfg.steady_window == "auto")
@@ -321,7 +320,10 @@ class Sweeper:
         elif asked is not None:
             window, rule = asked
             point = windowed_point(point, run.records, run.t0, window, rule, cfg.percentiles, cfg.slo, queue_inclusive)
-            self._add_cost(point, [r for r in run.records if r.in_window], float(point["duration"]))
+        # The cost is over the reported figures' requests and time: the steady window's when there is one.
+        in_window = point.get("window") == "steady"
+        self._add_cost(point, [r for r in run.records if r.in_window] if in_window else run.records,
+                       float(point["duration"]) if in_window else run.duration)
         point.update(saturation_fields(saturation))
         point["fidelity"] = {**workload_fidelity(run), "client": client_fidelity(run)}
         if run.fit_report is not None:  # --max-model-len changed the workload: say how
