@@ -137,8 +137,9 @@ def test_point_fields_and_the_verdict_everywhere_reads() -> None:
 
 
 def test_a_point_shorter_than_the_detectors_window_is_not_judged_rather_than_not_saturated() -> None:
-    """Requests of ~8 s make the window 4 x their p90 latency: a 40 s point at 2x capacity ends before it closes (measured on
-    smollm2-135m with LMSYS at 4 req/s), so the point is `saturated: None`, never a reassuring False."""
+    """Requests of ~8 s make the window 4 x their p90 latency: a 40 s point at 2x capacity ends before it closes
+    (as measured on smollm2-135m with LMSYS at 4 req/s), so the point is `saturated: None`, never a reassuring
+    False."""
     detector = SaturationDetector(SaturationConfig())
     for sample in simulated_samples(2.0, seed=1, duration=40.0, slots=8, service=8.0):
         detector.observe(sample)
