@@ -11,7 +11,7 @@ import pandas as pd
 
 from reports.importers import RunData
 from reports.recompute import percentile_key, ttft_decomposition
-from sweep.point.saturation import is_saturated
+from sweep.point.saturation import saturated_verdict
 
 
 def point_table(run: RunData) -> pd.DataFrame:
@@ -167,10 +167,10 @@ def to_html(table: pd.DataFrame) -> str:
 
 
 def _saturation_cell(point: dict) -> str:
-    if is_saturated(point):
+    verdict = saturated_verdict(point)
+    if verdict:
         return f"at {point['saturated_at_s']:.1f} s"
     evidence = point.get("saturation")
     if isinstance(evidence, dict) and evidence.get("judged") is False:
         return "not judged"  # the point ended before a whole window past its ramp-up
-    value = point.get("saturated")
-    return "no" if isinstance(value, bool | np.bool_) or str(value).strip().lower() == "false" else "-"
+    return "no" if verdict is False else "-"

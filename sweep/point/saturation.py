@@ -317,9 +317,16 @@ def not_judged_message(point: dict) -> str | None:
             "closed; longer points (--duration) let the detector judge")
 
 
-def is_saturated(point: dict) -> bool:
-    """A point the detector marked: it fails the SLO whatever its measured attainment (reports, gate, tuner)."""
+def saturated_verdict(point: dict) -> bool | None:
+    """The detector's verdict on a point, in whatever form the point was read (a dict, a summary.csv cell, a
+    DataFrame row): True or False, None where there is none (not watched, not judged, a missing cell: NaN)."""
     value = point.get("saturated")
     if isinstance(value, str):  # a summary.csv cell
-        return value.strip().lower() == "true"
-    return isinstance(value, bool | np.bool_ | int) and bool(value)  # a missing cell (NaN) is not saturated
+        text = value.strip().lower()
+        return True if text == "true" else False if text == "false" else None
+    return bool(value) if isinstance(value, bool | np.bool_ | int) else None
+
+
+def is_saturated(point: dict) -> bool:
+    """A point the detector marked: it fails the SLO whatever its measured attainment (reports, gate, tuner)."""
+    return saturated_verdict(point) is True
