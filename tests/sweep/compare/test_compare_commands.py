@@ -120,6 +120,7 @@ def test_bench_compare_llama_cpp_translates_to_targets(monkeypatch: pytest.Monke
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the gate's verdict on a 40 ms step delay needs a quiet machine: a second worker's load
 def test_compare_two_engine_settings_on_tiny_random_with_the_gate(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [
         "compare", "--target", "base=engine", "--target", "slow=engine:inject_step_delay_ms=40", "--model",
