@@ -118,7 +118,10 @@ def test_two_tune_workers_share_one_postgresql_study(tmp_path: Path, postgres_ds
     extra = ("--storage", postgres_dsn, "--study-name", "e2e-shared")
     with contextlib.suppress(KeyError):  # a study left by an interrupted earlier run on the same server
         optuna.delete_study(study_name="e2e-shared", storage=postgres_dsn)
-    space = {**SPACE, "tensor_parallel_size": {"fixed": 1}, "speculative_config": None}  # one cheap engine each
+    # The shared storage is what is tested (the real engine's trials are above): each trial launches the mock.
+    space = {**MOCK_SPACE, "max_num_seqs": {"choices": [1, 2, 4]}}
+    template = f"{sys.executable} -m sweep.mock.server --port {{port}} --ttft-ms 5 --itl-ms 1"
+    extra += ("--tokenizer", "tiny-random", "--launch-command", template)
     workers = [subprocess.Popen(tune_command(tmp_path / f"w{i}", 3, space, *extra), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
                for i in range(2)]
