@@ -2,11 +2,11 @@
 
 Round r measures the targets in order when r is even and in reverse when odd (ABBA...), and the loads likewise
 (forward, then backward: sweep/run/repeats.py), so a drift of the machine over the job lands on every target
-alike. `--together` keeps every server up for the whole job and interleaves target by target at each load
-point (what `bench ab` did); one-at-a-time (the default on a CPU host, where an idle server still shares the
-cores) starts each target for its share of a round and stops it after. Each target writes an ordinary
-`bench sweep` run directory `<output_dir>/<name>` whose `--repeats` are the rounds, so `bench report` and
-`bench gate` read it later; `--resume` keeps every finished (load, round) of every target.
+alike. `--together` keeps every server up for the whole job (started side by side) and interleaves target by
+target at each load point (what `bench ab` did); one-at-a-time (the default on a CPU host, where an idle server
+still shares the cores) starts each target for its share of a round and stops it after. Each target writes an
+ordinary `bench sweep` run directory `<output_dir>/<name>` whose `--repeats` are the rounds, so `bench report`
+and `bench gate` read it later; `--resume` keeps every finished (load, round) of every target.
 """
 
 from __future__ import annotations
@@ -136,10 +136,22 @@ def run_compare(config: CompareConfig, console: Console | None = None) -> dict[s
         worktrees = {t.name: stack.enter_context(checkout(t.value)) for t in config.targets if t.kind == "ref"}
         sweeps = {t.name: target_sweep(config, t, worktrees.get(t.name)) for t in config.targets}
         if config.together:
+            # The servers start side by side (spawned, then each waited for), after one machine calibration that
+            # every target records: measured while another server starts, it would measure that start-up.
+            calibration = None
+            if config.sweep.calibration:
+                from sweep.mock.machine_speed import machine_calibration
+
+                with console.status("calibrating machine speed (--no-calibration skips it)"):
+                    calibration = machine_calibration()
             sweepers = {}
             for target in config.targets:
                 console.print(f"[bold]{target.name}[/bold]: starting {target.describe()}")
-                sweepers[target.name] = stack.enter_context(Sweeper(sweeps[target.name], console))
+                sweepers[target.name] = Sweeper(sweeps[target.name], console, calibration)
+                stack.push(sweepers[target.name])  # stopped on the way out, whatever happens from here
+                sweepers[target.name].open(wait=False)
+            for sweeper in sweepers.values():
+                sweeper.wait_ready()
             for r, target, values in round_order(config.targets, loads, config.rounds, together=True):
                 console.print(f"[dim]{target.name}[/dim]", end=" ")
                 sweepers[target.name].measure_repeat(values[0], r)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -128,3 +128,29 @@ class SweepConfig(LoadConfig):
             strategy, start, end = self.ramp_up
             return f"ramp-{strategy}-{start:g}-{end:g}"
         return super().label(value)
+
+    def measurement_record(self) -> dict[str, Any]:
+        """What config.json's `sweep` section adds to the loads' `sweep_record()`: how every point was measured."""
+        return {
+            "num_warmups": self.num_warmups,
+            "reset_prefix_cache": self.reset_prefix_cache,
+            "search_repeats": self.search_repeats,
+            "confidence": self.confidence,
+            "client_procs": self.client_procs,
+            "repeats": self.repeats,
+            "server_metrics": self.server_metrics,
+            "warmup_seconds": self.warmup_seconds,
+            "cooldown_seconds": self.cooldown_seconds,
+            "steady_window": self.steady_window,
+            **self.cancel.record(),
+            "ramp_up": self.ramp_up,
+            "turns": self.turns,
+            "think_time_s": self.think_time_s,
+            "rate_curve": self.rate_curve,
+            "ignore_eos": self.ignore_eos,
+            "temperature": self.temperature,
+            "request_timeout_s": self.request_timeout_s,
+            "stall_timeout_s": self.stall_timeout_s,
+            "stop_when_saturated": self.saturation.stop,
+            "saturation": asdict(self.saturation),
+        }

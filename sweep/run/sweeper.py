@@ -44,7 +44,11 @@ from sweep.run.sweep_config import SweepConfig
 
 
 class Sweeper:
-    def __init__(self, config: SweepConfig, console: Console | None = None) -> None:
+    def __init__(
+        self, config: SweepConfig, console: Console | None = None, calibration: dict[str, Any] | None = None
+    ) -> None:
+        """`calibration`: a machine calibration measured by the caller (bench compare --together measures one for
+        servers that run side by side) recorded instead of measuring one here."""
         self.config = config
         self.console = console or Console(stderr=True)
         self.server: ServerProcess | None = None
@@ -52,10 +56,15 @@ class Sweeper:
         self.tokenizer: Any = None
         self.client: ClientConfig | None = None
         self.salt = uuid.uuid4().hex[:12]
-        self.calibration: dict[str, Any] | None = None
+        self.calibration = calibration
         self._header_printed = False
 
     def __enter__(self) -> Sweeper:
+        return self.open()
+
+    def open(self, wait: bool = True) -> Sweeper:
+        """Check the workload, calibrate, open the run directory and start the server (or check the URL). With
+        `wait=False` a launched server is only spawned, and `wait_ready` must follow before measuring."""
         cfg = self.config
         from engine.tokenizer import get_tokenizer
 
@@ -69,7 +78,7 @@ class Sweeper:
             load_conversations(cfg.workload.conversations)  # parsed once; a bad file fails here too
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
-        if cfg.calibration:
+        if cfg.calibration and self.calibration is None:
             from sweep.mock.machine_speed import machine_calibration
 
             with self.console.status("calibrating machine speed (--no-calibration skips it)"):
@@ -88,11 +97,28 @@ class Sweeper:
                 health_timeout_s=cfg.health_timeout_s,
                 health_path=cfg.health_path,
             )
-            with self.console.status(f"starting the engine ({cfg.model}); log {self.server.log_path}"):
-                self.server.start()
-            url = self.server.url
-            self.writer.config["target"]["url"] = url
-            self.writer.save_config()
+            self.server.spawn()
+            if wait:
+                self.wait_ready()
+            return self
+        self._connect(url)
+        return self
+
+    def wait_ready(self) -> None:
+        """Wait until the spawned server is healthy (stopping it if it never is); record its URL."""
+        assert self.server is not None and self.writer is not None
+        with self.console.status(f"starting the engine ({self.config.model}); log {self.server.log_path}"):
+            try:
+                self.server.wait_healthy()
+            except BaseException:
+                self.server.stop()
+                raise
+        self.writer.config["target"]["url"] = self.server.url
+        self.writer.save_config()
+        self._connect(self.server.url)
+
+    def _connect(self, url: str) -> None:
+        cfg = self.config
         self.client = ClientConfig(
             url=url,
             model=cfg.model,
@@ -103,7 +129,6 @@ class Sweeper:
             request_timeout_s=cfg.request_timeout_s,
             stall_timeout_s=cfg.stall_timeout_s,
         )
-        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.server is not None:
@@ -119,31 +144,8 @@ class Sweeper:
             "engine_knobs": dict(cfg.engine_knobs),
             "launch_template": cfg.launch_template,
         }
-        sweep = {
-            "num_warmups": cfg.num_warmups,
-            "reset_prefix_cache": cfg.reset_prefix_cache,
-            "search_repeats": cfg.search_repeats,
-            "confidence": cfg.confidence,
-            "client_procs": cfg.client_procs,
-            "repeats": cfg.repeats,
-            "server_metrics": cfg.server_metrics,
-            "warmup_seconds": cfg.warmup_seconds,
-            "cooldown_seconds": cfg.cooldown_seconds,
-            "steady_window": cfg.steady_window,
-            **cfg.cancel.record(),
-            "ramp_up": cfg.ramp_up,
-            "turns": cfg.turns,
-            "think_time_s": cfg.think_time_s,
-            "rate_curve": cfg.rate_curve,
-            "ignore_eos": cfg.ignore_eos,
-            "temperature": cfg.temperature,
-            "request_timeout_s": cfg.request_timeout_s,
-            "stall_timeout_s": cfg.stall_timeout_s,
-            "stop_when_saturated": cfg.saturation.stop,
-            "saturation": asdict(cfg.saturation),
-        }
         return run_config(
-            cfg, cfg.output_dir, self.salt, cfg.command, target, sweep, calibration=self.calibration
+            cfg, cfg.output_dir, self.salt, cfg.command, target, cfg.measurement_record(), calibration=self.calibration
         )
 
     def point_spec(self, value: float) -> PointSpec:
