@@ -1,4 +1,4 @@
-"""`bench compare` and its hidden old names `bench ab` and `bench compare-llama-cpp`.
+"""`bench compare` and its hidden old names `bench ab` and `bench compare-llama-cpp`; `bench lab vllm-agreement`.
 
 The report and the gate belong to reports/, which the sweep never imports: `register` takes them as `judge`
 (the `reports.compare` module, wired in cli.py), and each command gets it as its context's `obj`.
@@ -280,9 +280,50 @@ def compare_llama_cpp(
     execute(ctx.obj, config, targets, False, False, {})
 
 
-def register(app: typer.Typer, judge: Judge | None = None) -> None:
-    """Add `bench compare` (and the hidden `bench ab`, `bench compare-llama-cpp`) to the `bench` app; `judge`
-    writes the report and runs the gate (it reaches the commands as their context's `obj`)."""
+def vllm_agreement(
+    url: str = typer.Option(..., help="The server both clients measure (its root, e.g. http://127.0.0.1:8000)."),
+    model: str = typer.Option(..., help="The served model name both clients send."),
+    tokenizer: str = typer.Option(..., help="An HF tokenizer directory both clients tokenise with."),
+    vllm: str = typer.Option(
+        "vllm", help="The vLLM executable whose `bench serve` runs (`make vllm` installs .venv-vllm/bin/vllm)."
+    ),
+    endpoint: str = typer.Option("completions", help="completions (vLLM's --backend openai) | chat (openai-chat)."),
+    concurrency: str = typer.Option("1,16", help="Concurrencies, comma-separated; each client runs every one."),
+    num_prompts: int = typer.Option(16, help="Measured requests per run (both clients add one unmeasured first)."),
+    input_len: int = typer.Option(256, help="Prompt tokens of every request (random tokens)."),
+    output_len: int = typer.Option(128, help="Output tokens of every request (ignore-EOS, greedy)."),
+    rounds: int = typer.Option(2, help="Rounds; the clients' order alternates (ABBA)."),
+    seed: int = typer.Option(0, help="Base seed; every (round, concurrency) pair of runs gets its own."),
+    tolerance: float = typer.Option(0.03, help="Largest |bench sweep / vllm bench serve - 1| that agrees."),
+    api_key: str | None = typer.Option(None, help="Bearer token for the server."),
+    output_dir: Path = typer.Option(Path("results/vllm-agreement"), help="Every run's files and agreement.json."),
+) -> None:
+    """Measure one server with vLLM's client and ours, interleaved: median TTFT, median TPOT and output throughput
+    side by side per concurrency; exit 1 when a figure differs by more than --tolerance."""
+    from sweep.compare.vllm_agreement import AgreementConfig, AgreementError, agreement_table, run_agreement
+
+    try:
+        concurrencies = [int(v) for v in concurrency.split(",") if v.strip()]
+        cfg = AgreementConfig(url, model, tokenizer, output_dir, vllm, endpoint, concurrencies, num_prompts,
+                              input_len, output_len, rounds, seed, tolerance, api_key)  # fmt: skip
+    except (ValueError, AgreementError) as err:
+        fail(f"bench lab vllm-agreement: {err}")
+    try:
+        result = run_agreement(cfg, say=lambda line: typer.echo(line, err=True))
+    except (AgreementError, RuntimeError, OSError) as err:
+        typer.echo(f"bench lab vllm-agreement: {err}", err=True)
+        raise typer.Exit(2) from err
+    typer.echo(agreement_table(result))
+    typer.echo(f"agreement.json: {cfg.output_dir / 'agreement.json'}")
+    if not all(row["agrees"] for row in result["agreement"]):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer, groups: dict[str, typer.Typer], judge: Judge | None = None) -> None:
+    """Add `bench compare` (and the hidden `bench ab`, `bench compare-llama-cpp`) to the `bench` app and
+    `bench lab vllm-agreement` to its lab group; `judge` writes the report and runs the gate (it reaches the
+    commands as their context's `obj`)."""
+    groups["lab"].command("vllm-agreement")(vllm_agreement)
     settings = {"obj": judge}
     app.command("compare", context_settings=settings)(compare)
     app.command("ab", hidden=True, context_settings=settings)(ab)

@@ -127,7 +127,7 @@ def _check_fresh(config: CompareConfig) -> None:
 
 def run_compare(config: CompareConfig, console: Console | None = None) -> dict[str, Path]:
     """Measure every target over every round into `<output_dir>/<name>`; returns name -> run directory."""
-    from sweep.run.sweeper import Sweeper  # loads the HTTP client: only when measuring
+    from sweep.run.sweeper import Sweeper, calibrate  # loads the HTTP client: only when measuring
 
     console = console or Console(stderr=True)
     _check_fresh(config)
@@ -138,12 +138,7 @@ def run_compare(config: CompareConfig, console: Console | None = None) -> dict[s
         if config.together:
             # The servers start side by side (spawned, then each waited for), after one machine calibration that
             # every target records: measured while another server starts, it would measure that start-up.
-            calibration = None
-            if config.sweep.calibration:
-                from sweep.mock.machine_speed import machine_calibration
-
-                with console.status("calibrating machine speed (--no-calibration skips it)"):
-                    calibration = machine_calibration()
+            calibration = calibrate(console) if config.sweep.calibration else None
             sweepers = {}
             for target in config.targets:
                 console.print(f"[bold]{target.name}[/bold]: starting {target.describe()}")

@@ -43,6 +43,14 @@ from sweep.run.search import SearchConfig, SearchResult, answer_text, max_load_u
 from sweep.run.sweep_config import SweepConfig
 
 
+def calibrate(console: Console) -> dict[str, Any]:
+    """The machine calibration config.json records (sweep.mock.machine_speed), with a status line."""
+    from sweep.mock.machine_speed import machine_calibration
+
+    with console.status("calibrating machine speed (--no-calibration skips it)"):
+        return machine_calibration()
+
+
 class Sweeper:
     def __init__(
         self, config: SweepConfig, console: Console | None = None, calibration: dict[str, Any] | None = None
@@ -79,10 +87,7 @@ class Sweeper:
         if cfg.url is not None:
             check_reachable(cfg.url, cfg.api_key)
         if cfg.calibration and self.calibration is None:
-            from sweep.mock.machine_speed import machine_calibration
-
-            with self.console.status("calibrating machine speed (--no-calibration skips it)"):
-                self.calibration = machine_calibration()
+            self.calibration = calibrate(self.console)
         previous = cfg.output_dir / results.CONFIG
         if cfg.resume and previous.exists():
             self.salt = json.loads(previous.read_text()).get("workload", {}).get("salt", self.salt)
