@@ -106,19 +106,20 @@ VLLM = os.environ.get("SERVELAB_VLLM") or str(ROOT / ".venv-vllm" / "bin" / "vll
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_vllms_own_client_against_bench_serve_agrees_with_bench_sweep(endpoint: str, tmp_path: Path) -> None:
     """vLLM's `bench serve` completes every request against our server and its figures agree with ours. The
-    bound is loose (25 %): tiny-random's steps are a few ms, so scheduling noise is large against them, but a
-    definition drift (a TPOT over all tokens, a TTFT after the first chunk's parse) moves a figure by more."""
+    bound is loose (15 %), and each engine step is held 20 ms (tiny-random's own steps are ~3 ms, against which a
+    client's per-chunk overhead on the shared cores is 20 %), but a definition drift (a TPOT over all tokens, a
+    TTFT that counts the prompt's echo) moves a figure by more."""
     from engine.model_export import export_hf
     from sweep.run.launcher import launch
 
     tokenizer = tmp_path / "tiny-random-hf"
     export_hf("tiny-random", tokenizer)
-    knobs = {"max_model_len": 256, "max_num_seqs": 4}
+    knobs = {"max_model_len": 256, "max_num_seqs": 4, "inject_step_delay_ms": 20.0}
     with launch("tiny-random", knobs, tmp_path / "serve.log", health_timeout_s=180) as server:
         result = CliRunner().invoke(app, [
             "lab", "vllm-agreement", "--url", f"http://{server.host}:{server.port}", "--model", "tiny-random",
             "--tokenizer", str(tokenizer), "--vllm", VLLM, "--endpoint", endpoint, "--concurrency", "1,4",
-            "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--rounds", "2", "--tolerance", "0.25",
+            "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--rounds", "2", "--tolerance", "0.15",
             "--output-dir", str(tmp_path / "agreement"),
         ])  # fmt: skip
     assert result.exit_code == 0, result.output
