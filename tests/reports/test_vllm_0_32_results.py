@@ -236,3 +236,10 @@ def test_a_binary_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RunInputError, match="not a text file"):
         load_run(path)
 
+
+def test_a_report_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
+    """The default --out is beside the result file, which may be a read-only folder (the shared fixtures)."""
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = CliRunner().invoke(app, ["report", str(IN_REPO), "--out", str(tmp_path / "taken")])
+    assert result.exit_code == 2, result.output
+    assert f"cannot write the report to {tmp_path / 'taken'}" in result.output and "pass --out DIR" in result.output
