@@ -8,8 +8,10 @@ token totals, request/output/total throughput over vLLM's `duration`, `max_outpu
 second k, from int(start) to int(end) inclusive, maximised over k), so two back-to-back requests of a
 concurrency-1 run that share a second count as 2; our `peaks` is the exact sweep-line peak over
 [send, last token) that later vLLM adopted (vllm/benchmarks/serve.py `calculate_metrics`, "continuous-time
-sweep-line", at commit 009e6d4a), 1 for that run. The importer keeps vLLM's figure on the point, as it keeps every
-figure vLLM printed.
+sweep-line", at commit 009e6d4a), 1 for that run. 0.32's own source is not at hand: the bucket rule is the one
+earlier copies of serve.py have, it gives the saved figure of all four files, and no sweep-line gives 2 for the
+c=1 files, whose requests never overlap. The importer keeps vLLM's figure on the point, as it keeps every figure
+vLLM printed.
 
 Every field of a 0.32 file is read or ignored on purpose:
 - RUN_FIELDS describe the run (its config); the load fields also label the point.
