@@ -162,6 +162,17 @@ def test_bench_gate_between_the_two_servers(tmp_path: Path) -> None:
     assert rows["c0001", "failure_rate"].startswith("✅ pass")
 
 
+def test_bench_gate_between_the_two_concurrency_16_files() -> None:
+    result = CliRunner().invoke(app, ["gate", "--baseline", str(real_file("vllm", 16)),
+                                      "--candidate", str(real_file("servelab", 16)), "--metric", "tpot_p50,itl_p99"])
+    assert result.exit_code == 1, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| c0016 |")]
+    assert len(rows) == 2
+    # the gate's statistics are vLLM's printed ones: median TPOT 149.89 / 195.03 ms, p99 ITL 273.81 / 269.27 ms
+    assert "| tpot_p50 | 149.89 ms | 195.03 ms | +30.1% |" in rows[0] and rows[0].endswith("❌ regression |")
+    assert "| itl_p99 | 273.81 ms | 269.27 ms | -1.7% |" in rows[1] and rows[1].endswith("✅ pass |")
+
+
 def test_bench_gate_refuses_a_concurrency_1_run_against_a_concurrency_16_run() -> None:
     result = CliRunner().invoke(app, ["gate", "--baseline", str(real_file("vllm", 1)),
                                       "--candidate", str(real_file("vllm", 16))])
