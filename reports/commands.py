@@ -67,6 +67,8 @@ def report(
             )
         except (RunInputError, ValueError) as exc:
             _error(str(exc))
+        except OSError as exc:  # e.g. the default --out beside a result file in a read-only folder
+            _error(f"cannot write the report to {out_dir}: {exc.strerror or exc}; pass --out DIR")
     typer.echo(f"wrote {path} and {out_dir / 'report.md'}")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from reports import vllm_results
 from reports.recompute import DEFAULT_PERCENTILES, normalize_slo, point_metrics
 
 
@@ -154,26 +155,27 @@ def _load_file(path: Path) -> RunData:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise RunInputError(f"{path}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError:
+        raise RunInputError(f"{path}: not a text file (a vLLM result or GuideLLM report is JSON)") from None
+    except OSError as exc:
+        raise RunInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
         return import_guidellm(data, path)
-    if isinstance(data, dict) and "ttfts" in data and "completed" in data:
+    if isinstance(data, dict) and "ttfts" in data:
         return import_vllm(data, path)
-    if isinstance(data, dict) and "completed" in data:
-        raise RunInputError(
-            f"{path}: a vLLM result without per-request data; rerun `vllm bench serve` with --save-detailed"
-        )
-    raise RunInputError(f"{path}: not a vLLM `bench serve` result or a GuideLLM report")
+    raise RunInputError(f"{path}: {vllm_results.what_else(data)}")
 
 
 # --- vLLM `bench serve --save-result --save-detailed` -----------------------------------------------
 
 
 def import_vllm(data: dict[str, Any], path: Path) -> RunData:
-    """One vLLM result JSON = one point. Failed requests have a non-empty `errors` entry."""
+    """One vLLM result JSON = one point; each field is read or ignored as reports/vllm_results.py lists it."""
+    try:
+        success = vllm_results.check_result(data)
+    except ValueError as exc:
+        raise RunInputError(f"{path}: not a usable `vllm bench serve --save-detailed` result: {exc}") from None
     n = len(data["ttfts"])
-    for key in ("itls", "input_lens", "output_lens", "errors"):
-        if len(data.get(key) or []) != n:
-            raise RunInputError(f"{path}: per-request list {key!r} is missing or not {n} long")
     latencies = data.get("latencies") or [None] * n
     starts = data.get("start_times") or [None] * n
     queues = data.get("queue_times") or [None] * n
@@ -183,7 +185,7 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
     label = point_label(None if open_loop else data.get("max_concurrency"), rate)
     rows = []
     for i in range(n):
-        ok = not data["errors"][i]
+        ok = success[i]
         ttft, itl = data["ttfts"][i], list(data["itls"][i] or [])
         start = starts[i] if starts[i] is not None else 0.0  # without start_times: request-relative times
         e2el = latencies[i] if latencies[i] is not None else ttft + sum(itl)
@@ -192,7 +194,7 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
                 "label": label,
                 "index": i,
                 "success": ok,
-                "error": data["errors"][i] or None,
+                "error": None if ok else (data["errors"][i] or "failed (vLLM recorded no error text)"),
                 "intended_send_time": start - queues[i] if queues[i] is not None else start,
                 "send_time": start,
                 "first_token_time": start + ttft if ok else None,
@@ -214,11 +216,7 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
         )
     requests = pd.DataFrame(rows)
     percentiles = _vllm_percentiles(data)
-    point = {
-        key: value
-        for key, value in data.items()
-        if not isinstance(value, (list, dict)) and key not in ("date", "endpoint_type", "backend", "model_id")
-    }
+    point = vllm_results.point_fields(data)
     point.update(label=label, max_concurrency=data.get("max_concurrency"), request_rate=data.get("request_rate", "inf"))
     recomputed = point_metrics(
         requests, float(data["duration"]), percentiles, None, data.get("max_concurrency"), data.get("request_rate")
@@ -228,12 +226,19 @@ def import_vllm(data: dict[str, Any], path: Path) -> RunData:
     config = {
         "run_id": path.stem,
         "created": data.get("date"),
-        "target": {"model": data.get("model_id"), "backend": data.get("backend"), "engine_knobs": {}},
+        "label": data.get("label"),
+        "target": {
+            "model": data.get("model_id"),
+            "backend": data.get("backend"),
+            "endpoint_type": data.get("endpoint_type"),
+            "engine_knobs": {},
+        },
         "workload": {"tokenizer_id": data.get("tokenizer_id"), "num_prompts": data.get("num_prompts")},
         "sweep": {"mode": "rate" if open_loop or data.get("max_concurrency") is None else "concurrency"},
         "slo": None,
         "percentiles": list(percentiles),
         "command": "vllm bench serve",
+        "ignored_fields": vllm_results.ignored_fields(data),
     }
     return RunData(name=path.stem, points=pd.DataFrame([point]), requests=requests, config=config, source="vllm")
 
