@@ -4,7 +4,8 @@ Each trial starts its engine once (the built-in `bench serve` or an external lau
 is one `Sweeper` run directory `trial_NNNN/repeatR/` against it (the results contract: config.json, points/,
 requests.jsonl, summary.csv), with the engine's `server.log` in the trial directory. A start failure, an engine
 that crashes, runs out of memory or stops answering while it is measured, or a trial that runs past its timeout
-(its engine is then killed) raises `Infeasible` with the reason and the log's tail. The engine's pid is written
+(its engine is then killed) raises `Infeasible` with the reason, the log's tail and the engine's own error line
+(`engine_error`: vLLM's `ValueError: ...` when it refuses its configuration). The engine's pid is written
 to `engine.pid` (atomically) as soon as it is spawned, so a later worker can end an engine whose tuner was killed
 (`reap_orphan_engine`).
 """
@@ -26,6 +27,7 @@ from typing import Any, NoReturn
 
 from sweep.run.results import write_atomic
 from sweep.run.run_info import TargetUnhealthy
+from sweep.tune.engines import log_error_line
 from sweep.tune.objective import Infeasible, MeasurePoint
 from sweep.tune.space import fill_template
 
@@ -173,7 +175,8 @@ class EngineBackend:
                     server.wait_healthy()
                 except ServerStartError as err:
                     timeout.check()
-                    raise Infeasible(f"engine failed to start: {err}", cause=_exit_cause(server, "start")) from err
+                    raise Infeasible(f"engine failed to start: {err}", cause=_exit_cause(server, "start"),
+                                     engine_error=log_error_line(server.log_path)) from err
                 yield lambda repeat: self._measure(sweepers, server, timeout, knobs, trial_dir / f"repeat{repeat}")
             finally:
                 sweepers.close()
@@ -243,11 +246,11 @@ class EngineBackend:
             cause = _exit_cause(server, "crash")
             what = {"oom": "ran out of memory", "crash": "crashed"}[cause]
             raise Infeasible(f"engine {what} (exit code {code}) while measured; log {server.log_path}:\n"
-                             f"{server.log_tail()}", cause=cause)
+                             f"{server.log_tail()}", cause=cause, engine_error=log_error_line(server.log_path))
         if server.process is not None and engine_dead_behind_server(server.host, server.port):
             raise Infeasible(f"the engine behind the server died while measured (/health answers 503, e.g. a "
                              f"tensor-parallel rank died); log {server.log_path}:\n{server.log_tail()}",
-                             cause="crash")
+                             cause="crash", engine_error=log_error_line(server.log_path))
 
 
 EXIT_WAIT_S = 5.0
