@@ -24,8 +24,8 @@ ENGINES = ("servelab", "vllm")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV_COMMAND = REPO_ROOT / ".venv-vllm" / "bin" / "vllm"  # where `make vllm` installs vLLM's CPU build
 
-# The knobs vLLM takes, each with the same flag and meaning as ours (engine/config.py names and spells every knob
-# as vLLM does, so `{knob_flags}` is already vLLM's command line), and what vLLM does with it.
+# The knobs vLLM takes, each with the same flag as ours (engine/config.py names and spells every knob as vLLM does,
+# so `{knob_flags}` is already vLLM's command line) and the same meaning unless its note says otherwise.
 VLLM_KNOBS: dict[str, str] = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
@@ -98,7 +98,7 @@ def check_vllm_model(model: str) -> str:
     if "/" in model and not path.exists() and not model.startswith((".", "/", "~")):
         return model  # a hub id: vLLM fetches it
     raise ValueError(f"--engine vllm loads an HF directory or a hub id (org/name), not {model!r}; "
-                     f"`bench model export-hf {Path(model).stem} --output-dir .models/{Path(model).stem}-hf` "
+                     f"`bench model export-hf {shlex.quote(model)} --output-dir .models/{Path(model).stem}-hf` "
                      "(or `make vllm` for the default model) writes one")
 
 
