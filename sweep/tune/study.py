@@ -27,7 +27,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.tune.backend import process_start, reap_orphan_engine
+from sweep.tune.backend import process_start, reap_orphan_engine, startup_seconds
 from sweep.tune.objective import (
     Evaluation,
     Infeasible,
@@ -228,6 +228,12 @@ class TuneObjective:
         self._constrain(trial, started=False, slo_violation=self.spec.attainment)
         return self.spec.infeasible_values()
 
+    @staticmethod
+    def _record_startup(trial: optuna.Trial, trial_dir: Path) -> None:
+        """`startup_s`: the engine's spawn-to-healthy seconds (vLLM's CPU build: minutes), not part of any point."""
+        if (seconds := startup_seconds(trial_dir)) is not None:
+            trial.set_user_attr("startup_s", round(seconds, 3))
+
     def _on_point(self, trial: optuna.Trial, repeat: int) -> Callable[[int, float, dict[str, Any]], None]:
         def on_point(step: int, best_passing: float, point: dict[str, Any]) -> None:
             trial.set_user_attr(f"r{repeat}_point{step:02d}", point_summary(point))
@@ -269,7 +275,9 @@ class TuneObjective:
                 for repeat in range(self.repeats):
                     evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
         except Infeasible as err:
+            self._record_startup(trial, trial_dir)
             return self._infeasible(trial, str(err), err.cause, err.engine_error)
+        self._record_startup(trial, trial_dir)
         values, spreads = combine_repeats(evaluations)
         trial.set_user_attr("status", "ok")
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])

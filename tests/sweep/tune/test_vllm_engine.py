@@ -135,6 +135,7 @@ def test_a_vllm_study_spells_vllm_flags_records_vllm_s_refusal_and_prints_vllm_s
     assert refused.user_attrs["engine_error"] == vllm_said
     assert refused.user_attrs["error"].splitlines()[0] == vllm_said
     assert served.user_attrs["status"] == "ok" and served.values[0] > 0
+    assert served.user_attrs["startup_s"] > 0 and "startup_s" not in refused.user_attrs  # the start, apart
 
     child_pids = [int(p.name) for p in pids.iterdir()]
     assert len(child_pids) == 1  # the refused configuration never got to serve
@@ -299,6 +300,7 @@ def test_a_two_trial_study_on_real_vllm_with_one_refused_configuration(tmp_path:
     trials = {t.user_attrs["knobs"]["speculative_config"]: t for t in optuna.load_study(study_name=name,
                                                                                          storage=url).trials}
     assert trials[None].user_attrs["status"] == "ok" and trials[None].values[0] > 0
+    assert trials[None].user_attrs["startup_s"] > 0  # vLLM's start, apart from the measurement
     bad = trials[refused]
     assert bad.user_attrs["status"] == "infeasible" and bad.user_attrs["cause"] == "start"
     assert engines.engine_error_line(bad.user_attrs["engine_error"]) == bad.user_attrs["engine_error"]
