@@ -127,8 +127,9 @@ def resolve(engine: str | None, launch_command: str | None, vllm_executable: str
     external = chosen.launch_command is not None or launch_command is not None
     if external and (options := list(measures_builtin)):
         what = f"--engine {chosen.name}" if chosen.launch_command else "--launch-command"
-        raise ValueError(f"{' and '.join(options)} measure the built-in engine (servelab, in this process), not the "
-                         f"engine {what} launches: drop them, they would not judge that engine")
+        verb, them = ("measures", "it") if len(options) == 1 else ("measure", "them")
+        raise ValueError(f"{' and '.join(options)} {verb} the built-in engine (servelab, in this process), not the "
+                         f"engine {what} launches: drop {them}, or trials are judged by another engine's figures")
     if chosen.name == "vllm":
         return chosen, check_vllm_model(model)
     return (chosen if launch_command is None else EnginePreset("external", launch_command)), model
