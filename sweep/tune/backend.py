@@ -2,10 +2,12 @@
 
 Each trial starts its engine once (the built-in `bench serve` or an external launch template), then each repeat
 is one `Sweeper` run directory `trial_NNNN/repeatR/` against it (the results contract: config.json, points/,
-requests.jsonl, summary.csv), with the engine's `server.log` in the trial directory. A start failure, an engine
-that crashes, runs out of memory or stops answering while it is measured, or a trial that runs past its timeout
-(its engine is then killed) raises `Infeasible` with the reason and the log's tail. The engine's pid is written
-to `engine.pid` (atomically) as soon as it is spawned, so a later worker can end an engine whose tuner was killed
+requests.jsonl, summary.csv), with the engine's `server.log` and its start-up time (`engine_start.json`: spawn to
+healthy, kept apart from the measurement) in the trial directory. A start failure, an engine that crashes, runs
+out of memory or stops answering while it is measured, or a trial that runs past its timeout (its engine is then
+killed) raises `Infeasible` with the reason, the log's tail and the engine's own error line (`engine_error`:
+vLLM's `ValueError: ...` when it refuses its configuration). The engine's pid is written to `engine.pid`
+(atomically) as soon as it is spawned, so a later worker can end an engine whose tuner was killed
 (`reap_orphan_engine`).
 """
 
@@ -26,10 +28,20 @@ from typing import Any, NoReturn
 
 from sweep.run.results import write_atomic
 from sweep.run.run_info import TargetUnhealthy
+from sweep.tune.engines import log_error_line
 from sweep.tune.objective import Infeasible, MeasurePoint
 from sweep.tune.space import fill_template
 
 ENGINE_PID = "engine.pid"
+ENGINE_START = "engine_start.json"  # {"startup_s": spawn to healthy}: the engine's start, apart from the measurement
+
+
+def startup_seconds(trial_dir: Path) -> float | None:
+    """How long the trial's engine took from spawn to healthy (None if it never became healthy)."""
+    try:
+        return float(json.loads((trial_dir / ENGINE_START).read_text())["startup_s"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @dataclass
@@ -161,6 +173,7 @@ class EngineBackend:
         trial_dir.mkdir(parents=True, exist_ok=True)
         server = self._server(knobs, trial_dir)
         with TrialTimeout(server, self.trial_timeout_s) as timeout, contextlib.ExitStack() as sweepers:
+            spawned_at = time.monotonic()
             try:
                 server.spawn()
             except OSError as err:
@@ -173,7 +186,9 @@ class EngineBackend:
                     server.wait_healthy()
                 except ServerStartError as err:
                     timeout.check()
-                    raise Infeasible(f"engine failed to start: {err}", cause=_exit_cause(server, "start")) from err
+                    raise Infeasible(f"engine failed to start: {err}", cause=_exit_cause(server, "start"),
+                                     engine_error=log_error_line(server.log_path)) from err
+                write_atomic(trial_dir / ENGINE_START, json.dumps({"startup_s": time.monotonic() - spawned_at}))
                 yield lambda repeat: self._measure(sweepers, server, timeout, knobs, trial_dir / f"repeat{repeat}")
             finally:
                 sweepers.close()
@@ -243,11 +258,11 @@ class EngineBackend:
             cause = _exit_cause(server, "crash")
             what = {"oom": "ran out of memory", "crash": "crashed"}[cause]
             raise Infeasible(f"engine {what} (exit code {code}) while measured; log {server.log_path}:\n"
-                             f"{server.log_tail()}", cause=cause)
+                             f"{server.log_tail()}", cause=cause, engine_error=log_error_line(server.log_path))
         if server.process is not None and engine_dead_behind_server(server.host, server.port):
             raise Infeasible(f"the engine behind the server died while measured (/health answers 503, e.g. a "
                              f"tensor-parallel rank died); log {server.log_path}:\n{server.log_tail()}",
-                             cause="crash")
+                             cause="crash", engine_error=log_error_line(server.log_path))
 
 
 EXIT_WAIT_S = 5.0

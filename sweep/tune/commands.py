@@ -15,6 +15,7 @@ import typer
 from engine.cli_options import renamed_command
 from sweep.cli_options import shared_option
 from sweep.run.results import ReportRenderer, write_atomic
+from sweep.tune import engines
 from sweep.tune.replay_commands import tune_efficiency, tune_launches
 
 
@@ -119,6 +120,14 @@ def tune(
     launch_command: str | None = typer.Option(
         None, help="External engine template, e.g. 'vllm serve {model} --port {port} --max-num-seqs {max_num_seqs}'."
     ),
+    engine: str | None = typer.Option(
+        None, help="servelab (default: the built-in engine) | vllm: launch `vllm serve MODEL --host --port "
+        "--served-model-name MODEL {knob_flags}` (MODEL an HF directory); knobs vLLM lacks are refused first."
+    ),
+    vllm_command: str | None = typer.Option(
+        None, help="--engine vllm: the vllm executable (default .venv-vllm/bin/vllm beside the repo, from `make "
+        "vllm`, when it exists, else vllm on PATH)."
+    ),
     repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
     trial_timeout: float = typer.Option(
@@ -194,6 +203,10 @@ def tune(
             from sweep.run.cost import CostConfig
 
             CostConfig(cost_per_hour, gpus_per_instance)
+        measures_builtin = [name for name, given in (("--max-quality-loss", max_quality_loss is not None),
+                                                     ("--simulate-first", simulate_first is not None)) if given]
+        engine_preset, model = engines.resolve(engine, launch_command, vllm_command, model, measures_builtin)
+        launch_command = engine_preset.launch_command
         quality_guard = None
         if max_quality_loss is not None:
             from sweep.tune.quality_guard import QualityGuard, QualityGuardConfig, parse_max_quality_loss
@@ -229,13 +242,16 @@ def tune(
                 slo_ms,
                 num_prompts,
             )
-        model_max_len = None if launch_command else _model_max_len(model)
+        # vLLM's HF directory is one we can read: its context bounds max_model_len as the built-in engine's does.
+        readable = not launch_command or (engine_preset.name == "vllm" and Path(model).is_dir())
+        model_max_len = _model_max_len(model) if readable else None
         top = spec.max_load if objective == "max-load" else load  # the other objectives measure one load
         counts = prompt_counts(num_prompts, mode, load, top)
         longest = longest_request(workload, input_len, output_len, seed, counts, tokenizer or model)
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=longest,
                                    tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)
+        engines.check_knobs(engine_preset.name, search_space.placeholder_knobs())  # by name, before any trial
         if isinstance(pinned := search_space.fixed.get("max_model_len"), int) and pinned < longest:
             search_space.notes.append(
                 f"max_model_len: pinned to {pinned}, shorter than the workload's longest request ({longest} tokens "
@@ -283,6 +299,7 @@ def tune(
         "load_mode": mode,
         "load": load,
         "launch_command": launch_command or "",
+        "engine": engine_preset.name,
         "repeats": repeats,
         "trial_timeout_s": trial_timeout or None,
         "longest_request": longest,  # prompt + output tokens: no searched max_model_len is below it
@@ -344,9 +361,12 @@ def tune(
     if not best:
         console.print("[red]no feasible configuration met the SLO[/red]")
     for entry in best:
-        console.print(f"[bold]best[/bold] trial {entry['number']} {entry['values']}: {entry['serve_command']}")
-        if entry["launch_command"]:
-            console.print(f"  external: {entry['launch_command']}")
+        if engine_preset.name == "vllm":  # the runnable `vllm serve ...`; `bench serve` would run another engine
+            console.print(f"[bold]best[/bold] trial {entry['number']} {entry['values']}: {entry['launch_command']}")
+        else:
+            console.print(f"[bold]best[/bold] trial {entry['number']} {entry['values']}: {entry['serve_command']}")
+            if entry["launch_command"]:
+                console.print(f"  external: {entry['launch_command']}")
         console.print(f"  run dir: {entry['run_dir']}")
     console.print(f"report: {report}")
     if aborted is not None:

@@ -30,11 +30,12 @@ NO_COST = 1e12  # USD per million tokens told for a point with no good request (
 class Infeasible(RuntimeError):
     """The configuration cannot run: the engine failed to start, ran out of memory, crashed, stopped answering or
     ran past the trial timeout, or its quantization costs more quality than allowed. `cause` names which, in one
-    word (INFEASIBLE_CAUSES)."""
+    word (INFEASIBLE_CAUSES); `engine_error`, the engine's own error line from its log, when it wrote one."""
 
-    def __init__(self, reason: str, cause: str = "start") -> None:
+    def __init__(self, reason: str, cause: str = "start", engine_error: str | None = None) -> None:
         super().__init__(reason)
         self.cause = cause
+        self.engine_error = engine_error
 
 
 INFEASIBLE_CAUSES = ("constraint", "start", "oom", "crash", "unhealthy", "timeout", "simulation", "quality")

@@ -27,7 +27,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.tune.backend import process_start, reap_orphan_engine
+from sweep.tune.backend import process_start, reap_orphan_engine, startup_seconds
 from sweep.tune.objective import (
     Evaluation,
     Infeasible,
@@ -43,6 +43,7 @@ from sweep.tune.space import SearchSpace, known_constraint_violation
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 60
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+ERROR_CHARS = 4000  # of an infeasible trial's reason kept in its `error` user attribute
 # The storage each study from `open_study` was opened on: a dead worker's trials are failed through its public API
 # (Optuna keeps a study's own storage private).
 _STORAGES: weakref.WeakKeyDictionary[optuna.Study, RDBStorage] = weakref.WeakKeyDictionary()
@@ -213,12 +214,25 @@ class TuneObjective:
         if self.spec.kind in ("max-load", "cost"):
             trial.set_constraint("slo", slo_violation)
 
-    def _infeasible(self, trial: optuna.Trial, reason: str, cause: str) -> list[float]:
+    def _infeasible(self, trial: optuna.Trial, reason: str, cause: str, engine_error: str | None = None
+                    ) -> list[float]:
+        """Record the trial infeasible; the engine's own error line, when there is one, leads its `error` (kept
+        whole, the rest of the reason clipped from the front to fit) and is `engine_error` too."""
         trial.set_user_attr("status", "infeasible")
         trial.set_user_attr("cause", cause)
-        trial.set_user_attr("error", reason[-4000:])
+        if engine_error:
+            engine_error = engine_error[:1000]
+            trial.set_user_attr("engine_error", engine_error)
+            reason = f"{engine_error}\n{reason[-(ERROR_CHARS - len(engine_error) - 1):]}"
+        trial.set_user_attr("error", reason[-ERROR_CHARS:])
         self._constrain(trial, started=False, slo_violation=self.spec.attainment)
         return self.spec.infeasible_values()
+
+    @staticmethod
+    def _record_startup(trial: optuna.Trial, trial_dir: Path) -> None:
+        """`startup_s`: the engine's spawn-to-healthy seconds (vLLM's CPU build: minutes), not part of any point."""
+        if (seconds := startup_seconds(trial_dir)) is not None:
+            trial.set_user_attr("startup_s", round(seconds, 3))
 
     def _on_point(self, trial: optuna.Trial, repeat: int) -> Callable[[int, float, dict[str, Any]], None]:
         def on_point(step: int, best_passing: float, point: dict[str, Any]) -> None:
@@ -261,7 +275,9 @@ class TuneObjective:
                 for repeat in range(self.repeats):
                     evaluations.append(evaluate(self.spec, measure_for_repeat(repeat), self._on_point(trial, repeat)))
         except Infeasible as err:
-            return self._infeasible(trial, str(err), err.cause)
+            self._record_startup(trial, trial_dir)
+            return self._infeasible(trial, str(err), err.cause, err.engine_error)
+        self._record_startup(trial, trial_dir)
         values, spreads = combine_repeats(evaluations)
         trial.set_user_attr("status", "ok")
         trial.set_user_attr("repeat_values", [e.values for e in evaluations])

@@ -52,6 +52,8 @@ def test_crashed_and_out_of_memory_engines_make_infeasible_trials_and_the_study_
         run_dir = Path(trial.user_attrs["run_dir"])
         assert not (run_dir / ENGINE_PID).exists()
         assert json.loads((run_dir / "repeat0" / "points" / "c0002.json").read_text())["failed"] > 0
+    oom_line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"  # the engine's own words
+    assert by_seqs[5].user_attrs["engine_error"] == oom_line and by_seqs[5].user_attrs["error"].startswith(oom_line)
     page = write_report(study, tmp_path, []).read_text()
     assert "infeasible (crash)" in page and "infeasible (oom)" in page
 
