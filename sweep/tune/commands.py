@@ -128,6 +128,10 @@ def tune(
         None, help="--engine vllm: the vllm executable (default .venv-vllm/bin/vllm beside the repo, from `make "
         "vllm`, when it exists, else vllm on PATH)."
     ),
+    vllm_args: str | None = typer.Option(
+        None, help="--engine vllm: flags added to every trial's `vllm serve` (e.g. '--enforce-eager'); the "
+        "space's knobs set their own flags."
+    ),
     repeats: int = typer.Option(1, help="Measure each trial K times; the median is the value, the spread kept."),
     startup_timeout: float = typer.Option(600, help="Seconds an engine may take to become healthy."),
     trial_timeout: float = typer.Option(
@@ -205,7 +209,8 @@ def tune(
             CostConfig(cost_per_hour, gpus_per_instance)
         measures_builtin = [name for name, given in (("--max-quality-loss", max_quality_loss is not None),
                                                      ("--simulate-first", simulate_first is not None)) if given]
-        engine_preset, model = engines.resolve(engine, launch_command, vllm_command, model, measures_builtin)
+        engine_preset, model = engines.resolve(engine, launch_command, vllm_command, model, measures_builtin,
+                                               vllm_args)
         launch_command = engine_preset.launch_command
         quality_guard = None
         if max_quality_loss is not None:

@@ -102,28 +102,36 @@ def check_vllm_model(model: str) -> str:
                      "(or `make vllm` for the default model) writes one")
 
 
-def preset(engine: str, vllm_executable: str | None = None) -> EnginePreset:
-    """The engine's preset; ValueError for an unknown engine or a `--vllm-command` without `--engine vllm`."""
+def preset(engine: str, vllm_executable: str | None = None, vllm_args: str | None = None) -> EnginePreset:
+    """The engine's preset; ValueError for an unknown engine, a `--vllm-command`/`--vllm-args` without `--engine
+    vllm`, or a `--vllm-args` flag that a knob of the space spells (the space sets those, trial by trial)."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine == "servelab":
-        if vllm_executable is not None:
-            raise ValueError("--vllm-command is for --engine vllm")
+        if vllm_executable is not None or vllm_args is not None:
+            raise ValueError("--vllm-command and --vllm-args are for --engine vllm")
         return EnginePreset(engine)
+    extra = shlex.split(vllm_args or "")
+    knob_flags = {flag for spelling in VLLM_KNOBS.values() for flag in re.findall(r"--[a-z-]+", spelling)}
+    if clash := sorted({a.split("=", 1)[0] for a in extra} & knob_flags):
+        raise ValueError(f"--vllm-args {' '.join(clash)}: a knob of the search space sets that flag; fix it in "
+                         "--space ({\"fixed\": ...}) instead")
     # The served name is the model string, the one the sweep's client sends as `model` in every request.
     template = (f"{shlex.quote(vllm_command(vllm_executable))} serve {{model}} --host {{host}} --port {{port}} "
                 "--served-model-name {model} {knob_flags}")
+    if extra:
+        template += " " + shlex.join(extra).replace("{", "{{").replace("}", "}}")
     return EnginePreset(engine, launch_command=template)
 
 
 def resolve(engine: str | None, launch_command: str | None, vllm_executable: str | None, model: str,
-            measures_builtin: Iterable[str] = ()) -> tuple[EnginePreset, str]:
+            measures_builtin: Iterable[str] = (), vllm_args: str | None = None) -> tuple[EnginePreset, str]:
     """`bench tune`'s engine: the preset and the model as that engine loads it. ValueErrors (usage errors) for
     `--engine` with `--launch-command`, and for the options in `measures_builtin` (`--max-quality-loss`,
     `--simulate-first`: they measure the built-in engine in this process) with any other engine."""
     if engine is not None and launch_command is not None:
         raise ValueError("give --engine (a preset that writes the launch command) or --launch-command, not both")
-    chosen = preset(engine or "servelab", vllm_executable)
+    chosen = preset(engine or "servelab", vllm_executable, vllm_args)
     external = chosen.launch_command is not None or launch_command is not None
     if external and (options := list(measures_builtin)):
         what = f"--engine {chosen.name}" if chosen.launch_command else "--launch-command"

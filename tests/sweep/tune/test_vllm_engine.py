@@ -268,9 +268,12 @@ VLLM_MODEL = Path(os.environ.get("SERVELAB_VLLM_MODEL", ROOT / ".models" / "smol
                     "$SERVELAB_VLLM_MODEL)")
 def test_a_two_trial_study_on_real_vllm_with_one_refused_configuration(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real `vllm serve` (minutes: torch.compile at start-up): one configuration serves, one with a draft model
+    """Real `vllm serve` (about a minute a start on two cores with --enforce-eager, which skips torch.compile;
+    minutes without): one configuration serves, one with a draft model
     vLLM cannot load is refused with vLLM's own exception line, and no vLLM process outlives the study."""
-    for name, value in {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}.items():
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # both cores, as vllm-cpu.md
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("sweep.tune.report.plots", lambda study: "")
     groups: list[int] = []  # each engine's process group (the launcher starts it in a session of its own)
@@ -289,7 +292,8 @@ def test_a_two_trial_study_on_real_vllm_with_one_refused_configuration(tmp_path:
              "speculative_config": {"choices": [None, refused]}}  # fmt: skip
     (tmp_path / "space.json").write_text(json.dumps(space))
     done = CliRunner().invoke(app(), [
-        "--engine", "vllm", "--vllm-command", str(real_vllm()), "--model", str(VLLM_MODEL), "--workload", "fixed",
+        "--engine", "vllm", "--vllm-command", str(real_vllm()), "--vllm-args", "--enforce-eager",
+        "--model", str(VLLM_MODEL), "--workload", "fixed",
         "--input-len", "32", "--output-len", "16", "--num-prompts", "4", "--num-warmups", "1", "--slo", "ttft=60000",
         "--objective", "goodput", "--concurrency", "2", "--grid", "--space", str(tmp_path / "space.json"),
         "--output-dir", str(tmp_path / "study"), "--startup-timeout", "900", "--trial-timeout", "1500",
@@ -326,3 +330,15 @@ def _in_groups(groups: list[int]) -> list[int]:
         if int(group) in groups and state != "Z":
             found.append(int(proc.name))
     return found
+
+
+def test_vllm_args_go_on_every_trials_command_and_never_override_a_knob(tmp_path: Path) -> None:
+    template = engines.preset("vllm", sys.executable, "--enforce-eager --compilation-config '{\"level\": 0}'")
+    assert template.launch_command is not None
+    assert template.launch_command.endswith("{knob_flags} --enforce-eager --compilation-config '{{\"level\": 0}}'")
+    command = shlex.split(template.launch_command.format(model="m", host="h", port=1, knob_flags="--max-num-seqs 2"))
+    assert command[-5:] == ["--max-num-seqs", "2", "--enforce-eager", "--compilation-config", '{"level": 0}']
+    with pytest.raises(ValueError, match="--max-num-seqs: a knob of the search space sets that flag"):
+        engines.preset("vllm", sys.executable, "--max-num-seqs=8")
+    with pytest.raises(ValueError, match="are for --engine vllm"):
+        engines.preset("servelab", None, "--enforce-eager")
