@@ -161,7 +161,7 @@ def test_a_vllm_study_spells_vllm_flags_records_vllm_s_refusal_and_prints_vllm_s
         (["--engine", "vllm", "--simulate-first", "p.json"], "--simulate-first measures the built-in engine"),
         (["--launch-command", "x --port {port}", "--simulate-first", "p.json", "--max-quality-loss", "2%"],
          "--max-quality-loss and --simulate-first measure the built-in engine"),
-        (["--vllm-command", "vllm"], "--vllm-command is for --engine vllm"),
+        (["--vllm-command", "vllm"], "--vllm-command and --vllm-args are for --engine vllm"),
         (["--engine", "sglang"], "--engine must be one of servelab, vllm"),
     ],
 )
