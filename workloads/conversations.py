@@ -97,17 +97,23 @@ def _normalise(messages: list[dict[str, str]]) -> tuple[dict[str, str], ...]:
     return tuple(kept)
 
 
+def json_lines(text: str, path: Path) -> list[tuple[int, Any]]:
+    """(line, entry) of each non-blank line of a JSONL text; a bad line is `FILE: line N: invalid JSON: ...`."""
+    entries = []
+    for line, content in enumerate(text.splitlines(), start=1):
+        if content.strip():
+            try:
+                entries.append((line, json.loads(content)))
+            except json.JSONDecodeError as error:
+                problem = f"line {line}: invalid JSON: {error.msg} at column {error.colno}"
+                raise WorkloadFormatError(path, None, problem) from None
+    return entries
+
+
 def _entries(path: Path) -> list[tuple[int, Any]]:
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() in (".jsonl", ".ndjson"):
-        entries = []
-        for row, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    entries.append((row, json.loads(line)))
-                except json.JSONDecodeError as error:
-                    raise WorkloadFormatError(path, row, f"invalid JSON: {error.msg}") from None
-        return entries
+        return json_lines(text, path)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:

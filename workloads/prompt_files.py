@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.conversations import ROLES
+from workloads.conversations import ROLES, json_lines
 from workloads.spec import RequestSpec, SynthesizedPrompt, WorkloadFormatError
 
 PREFIX = "prompts:"
@@ -178,21 +178,10 @@ def _json_list(text: str, path: Path) -> list[tuple[int, Any]]:
     return entries
 
 
-def _jsonl(text: str, path: Path) -> list[tuple[int, Any]]:
-    entries = []
-    for line, content in enumerate(text.splitlines(), start=1):
-        if content.strip():
-            try:
-                entries.append((line, json.loads(content)))
-            except json.JSONDecodeError as error:
-                raise _error(path, line, f"invalid JSON: {error.msg} at column {error.colno}") from None
-    return entries
-
-
 @lru_cache(maxsize=4)
 def _read(path: Path, size: int, mtime_ns: int) -> PromptFile:
     text = path.read_text(encoding="utf-8")
-    entries = _json_list(text, path) if path.suffix.lower() == ".json" else _jsonl(text, path)
+    entries = _json_list(text, path) if path.suffix.lower() == ".json" else json_lines(text, path)
     rows, skipped = [], 0
     for line, entry in entries:
         row = parse_row(entry, path, line)

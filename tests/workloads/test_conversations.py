@@ -85,6 +85,9 @@ def test_malformed_files_name_the_row(tmp_path: Path) -> None:
     path.write_text(json.dumps({"text": "no turns"}))
     with pytest.raises(WorkloadFormatError, match="row 1.*no 'conversations'"):
         load_conversations(path)
+    path.write_text(json.dumps(LMSYS) + "\n\n" + '{"conversation": [')  # the same message as a prompt file's
+    with pytest.raises(WorkloadFormatError, match=r"bad\.jsonl: line 3: invalid JSON: .* at column"):
+        load_conversations(path)
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps(SHAREGPT[3:]))
     with pytest.raises(WorkloadFormatError, match="no conversation with a complete"):
