@@ -76,12 +76,15 @@ def is_prompt_workload(name: str) -> bool:
 
 
 def prompt_file_path(name: str) -> Path:
-    """The file of `prompts:FILE` or of a shipped prompt set; FileNotFoundError naming it when it is missing."""
+    """The file of `prompts:FILE` or of a shipped prompt set (also as `prompts:NAME` when no file NAME exists);
+    FileNotFoundError naming it when it is missing."""
     if name in shipped_prompt_sets():
         return DATA_DIR / f"{name}.jsonl"
     if not name.startswith(PREFIX):
         raise ValueError(f"{name!r} is not a prompt workload: give prompts:FILE or one of {shipped_prompt_sets()}")
     path = Path(name[len(PREFIX) :]).expanduser()
+    if not path.is_file() and name[len(PREFIX) :] in shipped_prompt_sets():
+        return DATA_DIR / f"{name[len(PREFIX) :]}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such prompt file (from --workload {name})")
     return path
