@@ -169,3 +169,43 @@ def test_show_compares_with_several_mixes() -> None:
     assert result.output.count("KS statistic") == 4  # input and output lengths against each mix
     result = runner.invoke(app, [*args, "sharegpt,nope"], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "'nope': not a shipped mix" in result.output
+
+
+def test_prompt_file_rows_carry_request_classes_for_per_class_slos(tmp_path: Path) -> None:
+    from sweep.mock.calibrate import start_mock
+    from sweep.point.benchmark_metrics import parse_slo
+    from sweep.run.sweeper import run_sweep
+    from workloads.spec import WorkloadFormatError
+
+    path = tmp_path / "classed.jsonl"
+    classes = ["interactive", "batch"] * 3
+    rows = [{"prompt": f"Question {k}?", "output_len": 4, "class": c} for k, c in enumerate(classes)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    name = f"prompts:{path}"
+    assert read_prompt_file(name).classes == ["batch", "interactive"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "class": "two words"}) + "\n")
+    with pytest.raises(WorkloadFormatError, match="line 1: class is 'two words'"):
+        read_prompt_file(f"prompts:{bad}")
+
+    def config(slo: str, out: str) -> SweepConfig:
+        return SweepConfig(output_dir=tmp_path / out, values=[2], url="http://127.0.0.1:9/v1", model="mock",
+                           tokenizer="tiny-random", workload=WorkloadConfig(workload=name), num_prompts=6,
+                           slo=parse_slo(slo), command="bench sweep (test)")  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"unknown class\(es\) \['chat'\].*classes are \['batch', 'interactive'\]"):
+        run_sweep(config("interactive:ttft=100;chat:ttft=5", "refused"))
+    cfg = config("interactive:ttft=60000;batch:e2el=0", "run")  # batch's 0 ms E2EL cannot be met
+    with start_mock(1.0, 0.5, tmp_path / "mock.log") as mock:
+        cfg.url = mock.url
+        run_dir = run_sweep(cfg)
+    sent = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert sorted(row["request_class"] for row in sent) == ["batch"] * 3 + ["interactive"] * 3
+    point = json.loads(next((run_dir / "points").glob("*.json")).read_text())
+    assert {c: v["slo_attainment"] for c, v in point["classes"].items()} == {"interactive": 1.0, "batch": 0.0}
+
+    simulated = SimulateConfig(output_dir=tmp_path / "sim", profile=load_profile(_profile(tmp_path)), values=[2],
+                               engine_knobs={"max_num_seqs": 2, "max_model_len": 256}, num_prompts=6,
+                               workload=WorkloadConfig(workload=name), slo=parse_slo("batch:e2el=0"))  # fmt: skip
+    point = load_results(run_simulation(simulated)).points.iloc[0]
+    assert {c: v["slo_attainment"] for c, v in point["classes"].items()} == {"interactive": 1.0, "batch": 0.0}
