@@ -115,8 +115,9 @@ def check_slo_classes(
         present = sorted({s.request_class for s in specs if s.request_class is not None})
     unknown = [name for name in wanted if name not in present]
     if unknown:
-        have = f"its classes are {present}" if present else "it carries none (a trace's class column, or a mixture)"
-        raise ValueError(f"--slo names unknown class(es) {unknown}: workload {workload.workload!r} {have}")
+        none = "it carries none (a trace's class column, a prompt file's class field, or a mixture)"
+        have = f"its classes are {present}" if present else none
+        raise ValueError(f"--slo names unknown class(es) {unknown}: workload {workload.workload!r}: {have}")
 
 
 def check_outputs(records: list[RequestRecord], prompts: dict[int, Any]) -> None:

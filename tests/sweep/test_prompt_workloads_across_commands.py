@@ -174,6 +174,7 @@ def test_show_compares_with_several_mixes() -> None:
 def test_prompt_file_rows_carry_request_classes_for_per_class_slos(tmp_path: Path) -> None:
     from sweep.mock.calibrate import start_mock
     from sweep.point.benchmark_metrics import parse_slo
+    from sweep.point.prompts import check_slo_classes
     from sweep.run.sweeper import run_sweep
     from workloads.spec import WorkloadFormatError
 
@@ -195,6 +196,8 @@ def test_prompt_file_rows_carry_request_classes_for_per_class_slos(tmp_path: Pat
 
     with pytest.raises(ValueError, match=r"unknown class\(es\) \['chat'\].*classes are \['batch', 'interactive'\]"):
         run_sweep(config("interactive:ttft=100;chat:ttft=5", "refused"))
+    with pytest.raises(ValueError, match="workload 'servelab-prompts': it carries none"):  # the shipped set: none
+        check_slo_classes(WorkloadConfig(workload="servelab-prompts"), parse_slo("chat:ttft=5"), 4)
     cfg = config("interactive:ttft=60000;batch:e2el=0", "run")  # batch's 0 ms E2EL cannot be met
     with start_mock(1.0, 0.5, tmp_path / "mock.log") as mock:
         cfg.url = mock.url
