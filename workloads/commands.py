@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 SHOWN_METADATA = ("name", "description", "source", "licence", "attribution", "tokenizer", "token_counts", "rows")
-SHOWN_METADATA += ("derivation", "resolution")
+SHOWN_METADATA += ("derivation", "resolution", "classes")
 workloads_app = typer.Typer(
     help="Real length mixes, synthetic workloads, trace files and prompt files (prompts:FILE, servelab-prompts).",
     no_args_is_help=True,
@@ -103,6 +103,8 @@ def _describe_prompts(
         + (f" ({data.skipped} ShareGPT entries without a human turn skipped)" * bool(data.skipped)),
         "source_percentiles": {"input_len": percentiles(inputs), "output_len": percentiles(outputs)},
         "correlation": correlation(inputs, outputs),
+        **({"classes": ", ".join(f"{name} {sum(row.request_class == name for row in data.rows)}"
+                                 for name in data.classes)} if data.classes else {}),  # fmt: skip
     }
 
 

@@ -184,6 +184,12 @@ def test_prompt_file_rows_carry_request_classes_for_per_class_slos(tmp_path: Pat
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     name = f"prompts:{path}"
     assert read_prompt_file(name).classes == ["batch", "interactive"]
+    from workloads import commands
+
+    app = typer.Typer()
+    commands.register(app, get_tokenizer=get_tokenizer)
+    shown = CliRunner().invoke(app, ["workloads", "show", name, "--tokenizer", "tiny-random"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "classes: batch 3, interactive 3" in shown.output, shown.output
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "x", "class": "two words"}) + "\n")
     with pytest.raises(WorkloadFormatError, match="line 1: class is 'two words'"):
