@@ -85,3 +85,16 @@ def test_cli_takes_per_token_slo_keys(tmp_path) -> None:
         assert result.exit_code == 2 and message in result.output, result.output
     result = runner.invoke(app, [*common, "--candidate", str(base), "--slo", "ttft=5", "--max-attainment-drop", "x"])
     assert result.exit_code == 2 and "bad threshold" in result.output
+
+
+def test_bench_compare_s_gate_judges_the_attainment_under_the_sweep_s_slo(tmp_path) -> None:
+    from reports.compare import GateOptions, gate_targets
+
+    base = synthetic_run_dir(tmp_path / "base", seed=4, loads=[1, 2], num_prompts=60)
+    slow = synthetic_run_dir(tmp_path / "slow", seed=5, loads=[1, 2], num_prompts=60, tpot_scale=1.3)
+    limit = _stall_limit(synthetic_run("base", seed=4, loads=[1, 2], num_prompts=60))
+    options = GateOptions(metric="failure_rate", slo=parse_slo(f"max_stall={limit:.3f}"))
+    (verdict,) = gate_targets({"base": base, "slow": slow}, options)
+    assert not verdict.passed and "| c0002 | slo_attainment |" in verdict.table
+    (verdict,) = gate_targets({"base": base, "slow": slow}, GateOptions(metric="failure_rate"))
+    assert verdict.passed and "slo_attainment" not in verdict.table  # without an SLO: no attainment rows
