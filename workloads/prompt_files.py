@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from workloads.conversations import ROLES
-from workloads.loaders import CLASS_ALIASES
 from workloads.spec import RequestSpec, SynthesizedPrompt, WorkloadFormatError
 
 PREFIX = "prompts:"
@@ -141,6 +140,8 @@ def _sharegpt(turns: Any, path: Path, line: int) -> PromptText | None:
 
 
 def _request_class(record: dict, path: Path, line: int) -> str | None:
+    from workloads.loaders import CLASS_ALIASES  # the trace loader's class fields, so both read the same ones
+
     key = next((k for k in CLASS_ALIASES if record.get(k) not in (None, "")), None)
     if key is None:
         return None
