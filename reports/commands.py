@@ -96,6 +96,14 @@ def gate(
     max_failure_increase: str = typer.Option(
         "0%", help="failure_rate: fail only above this increase in percentage points, e.g. 1%."
     ),
+    slo: str | None = typer.Option(
+        None, help="Also gate SLO attainment under this SLO (ms), as for bench sweep: ttft, tpot, e2el, itl_p99, "
+        "max_stall, valid, per request class ('e2el=30000;interactive:ttft=500'): a slo_attainment row per point, "
+        "and one per class."
+    ),
+    max_attainment_drop: str = typer.Option(
+        "0%", help="slo_attainment: fail only above this drop in percentage points, e.g. 2%."
+    ),
     ignore_workload: bool = typer.Option(
         False, "--ignore-workload", help="Skip the same-workload check (e.g. a vLLM result against a sweep)."
     ),
@@ -125,6 +133,7 @@ def gate(
         run_gate,
     )
     from reports.importers import RunInputError, load_run
+    from reports.recompute import normalize_slo, parse_slo
 
     try:
         if update_baseline:
@@ -146,7 +155,11 @@ def gate(
             n_boot=n_boot,
             seed=seed,
             noise_floor=parse_threshold(noise_floor) if noise_floor is not None else None,
+            slo=normalize_slo(parse_slo(slo)),
+            max_attainment_drop=parse_threshold(max_attainment_drop),
         )
+        if slo is not None and not config.slo:
+            _error(f"--slo {slo!r} sets no limit")
         if not config.metrics:
             _error("--metric is empty")
         if not 0 < alpha < 1:

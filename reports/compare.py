@@ -48,6 +48,7 @@ class GateOptions:
     max_regression: str = "10%"
     alpha: float = 0.05
     noise_floor: str | None = None
+    slo: dict[str, float] | None = None  # ms (parse_slo): slo_attainment rows per point and class (reports/gate_slo.py)
 
 
 @dataclass(frozen=True)
@@ -204,12 +205,14 @@ def check_gate_options(options: GateOptions) -> None:
 
 def _gate_config(options: GateOptions) -> Any:
     from reports.gate import GateConfig, parse_metric, parse_threshold
+    from reports.recompute import normalize_slo
 
     config = GateConfig(
         metrics=tuple(m.strip() for m in options.metric.split(",") if m.strip()),
         max_regression=parse_threshold(options.max_regression),
         alpha=options.alpha,
         noise_floor=parse_threshold(options.noise_floor) if options.noise_floor is not None else None,
+        slo=normalize_slo(options.slo),
     )
     if not config.metrics:
         raise ValueError("--metric is empty")

@@ -12,6 +12,8 @@ on a significant increase above `max_failure_increase` percentage points, so a c
 failing its slow requests. A rate point the candidate over-saturated (sweep.point.saturation) fails as `saturated`
 unless the baseline saturated there too, and so does a point the candidate skipped because a lower load saturated
 (`--stop-when-saturated`): past capacity its latencies measure a queue, so the load itself is the regression.
+With an SLO (`--slo`, per-token and per-class keys included) every point also gets `slo_attainment` rows, overall
+and per request class (reports/gate_slo.py), that fail on a significant drop above `max_attainment_drop`.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from reports.gate_noise import calibration_gap, history_noise_floor, statistic
+from reports.gate_slo import attainment_tests, is_attainment
 from reports.gate_stats import compare_failures, compare_groups, holm
 from reports.importers import RunData
-from reports.recompute import LATENCY_METRICS, cancelled_mask, pooled_itl_ms, request_latencies
+from reports.recompute import LATENCY_METRICS, cancelled_mask, format_slo, pooled_itl_ms, request_latencies
 from sweep.point.saturation import is_saturated
 
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
@@ -52,6 +55,8 @@ class GateConfig:
     max_failure_increase: float = 0.0  # absolute, for `failure_rate`: 0.01 = one percentage point
     noise_floor: float | None = None  # relative SD between runs, for a side measured once (see gate_noise.py)
     check_workload: bool = True  # off to compare across tools, whose workload records differ
+    slo: dict[str, float] | None = None  # ms, sweep keys (parse_slo): adds slo_attainment rows (reports/gate_slo.py)
+    max_attainment_drop: float = 0.0  # absolute, for the slo_attainment rows: 0.02 = two percentage points
 
 
 @dataclass
@@ -268,13 +273,17 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
             result.comparisons.append(
                 Comparison(label, spec, *values, n_baseline=base.size, n_candidate=cand.size, noise_floor=floor)
             )
+    for label, spec, values, n_base, n_cand in attainment_tests(baseline, candidate, labels, config.slo or {},
+                                                                 config.alpha):
+        result.comparisons.append(Comparison(label, spec, *values, n_base, n_cand))
     tested = [c for c in result.comparisons if not c.note]
     for comp, adjusted in zip(tested, holm([c.p_value for c in tested]), strict=True):
         comp.p_adjusted = adjusted
         significant = adjusted <= config.alpha
         limit = config.max_failure_increase if comp.metric == FAILURE_RATE else config.max_regression
-        comp.failed = significant and comp.change > limit
-        if significant and not comp.failed and comp.change > 0:
+        worse = -comp.change if is_attainment(comp.metric) else comp.change  # attainment: a drop is the regression
+        comp.failed = significant and worse > (config.max_attainment_drop if is_attainment(comp.metric) else limit)
+        if significant and not comp.failed and worse > 0:
             comp.note = "significant but within the threshold"
     result.comparisons += saturation_comparisons(baseline, candidate)
     result.notes = _notes(result, baseline, candidate, unwidened)
@@ -319,11 +328,14 @@ def _pct(x: float) -> str:
 def _value(c: Comparison, x: float) -> str:
     if c.metric == SATURATED:
         return "skipped" if math.isnan(x) else "saturated" if x else "not saturated"
+    if is_attainment(c.metric):
+        return f"{x * 100:.1f}% met"
     return f"{x * 100:.1f}% failed" if c.metric == FAILURE_RATE else f"{x:.2f} ms"
 
 
 def _change(c: Comparison, x: float) -> str:
-    return f"{x * 100:+.1f} pp" if c.metric == FAILURE_RATE and not math.isnan(x) else _pct(x)
+    in_points = c.metric == FAILURE_RATE or is_attainment(c.metric)
+    return f"{x * 100:+.1f} pp" if in_points and not math.isnan(x) else _pct(x)
 
 
 def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> str:
@@ -336,7 +348,9 @@ def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> 
         f"{cfg.max_regression:.1%} that is significant at alpha={cfg.alpha} (Holm-adjusted over "
         f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}). "
         f"failure_rate fails on a significant increase above {cfg.max_failure_increase * 100:g} percentage points. "
-        f"Repeats: baseline {result.repeats[0]}, candidate {result.repeats[1]}.",
+        + (f"slo_attainment (SLO: {format_slo(cfg.slo)}) fails on a significant drop above "
+           f"{cfg.max_attainment_drop * 100:g} percentage points. " if cfg.slo else "")
+        + f"Repeats: baseline {result.repeats[0]}, candidate {result.repeats[1]}.",
         "",
         *[f"> ⚠️ {note}" for note in result.notes],
         *([""] if result.notes else []),

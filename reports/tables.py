@@ -41,12 +41,11 @@ def point_table(run: RunData) -> pd.DataFrame:
     if "request_goodput" in pts and pts["request_goodput"].notna().any():
         table["goodput req/s"] = pd.to_numeric(pts["request_goodput"], errors="coerce").to_numpy()
         table["SLO attainment"] = pd.to_numeric(pts["slo_attainment"], errors="coerce").to_numpy()
-    if "classes" in pts:  # per-class SLOs: each class's attainment under its own SLO
+    if "classes" in pts:  # per-class SLOs: each class's goodput and attainment under its own SLO
         per_point = [c if isinstance(c, dict) else {} for c in pts["classes"]]
         for name in dict.fromkeys(name for classes in per_point for name in classes):
-            table[f"attainment {name}"] = [
-                float("nan") if (a := c.get(name, {}).get("slo_attainment")) is None else a for c in per_point
-            ]
+            for key, column in (("request_goodput", f"goodput {name} req/s"), ("slo_attainment", f"attainment {name}")):
+                table[column] = [float("nan") if (v := c.get(name, {}).get(key)) is None else v for c in per_point]
     if "saturated" in pts:  # rate points the over-saturation detector watched
         table["saturated"] = [_saturation_cell(p) for p in pts.to_dict("records")]
     if "valid_output_fraction" in pts and pts["valid_output_fraction"].notna().any():  # structured outputs

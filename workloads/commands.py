@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 SHOWN_METADATA = ("name", "description", "source", "licence", "attribution", "tokenizer", "token_counts", "rows")
-SHOWN_METADATA += ("derivation", "resolution")
+SHOWN_METADATA += ("derivation", "resolution", "classes")
 workloads_app = typer.Typer(
     help="Real length mixes, synthetic workloads, trace files and prompt files (prompts:FILE, servelab-prompts).",
     no_args_is_help=True,
@@ -103,6 +103,8 @@ def _describe_prompts(
         + (f" ({data.skipped} ShareGPT entries without a human turn skipped)" * bool(data.skipped)),
         "source_percentiles": {"input_len": percentiles(inputs), "output_len": percentiles(outputs)},
         "correlation": correlation(inputs, outputs),
+        **({"classes": ", ".join(f"{name} {sum(row.request_class == name for row in data.rows)}"
+                                 for name in data.classes)} if data.classes else {}),  # fmt: skip
     }
 
 
@@ -132,10 +134,12 @@ def show_command(
     output_len: int | None = typer.Option(
         None, "--output-len", min=1, help="prompt workloads: output length of rows without one (default 128)"
     ),
-    compare: str = typer.Option("sharegpt", "--compare", help="prompt workloads: the shipped mix shown beside them"),
+    compare: str = typer.Option(
+        "sharegpt", "--compare", help="prompt workloads: the shipped mixes shown beside them, comma-separated, or all"
+    ),
 ) -> None:
     """Metadata, length percentiles, correlation, arrival and prefix statistics of one workload; a prompt workload's
-    lengths are measured with --tokenizer and shown beside a shipped mix's (--compare) with their KS statistic."""
+    lengths are measured with --tokenizer and shown beside shipped mixes' (--compare) with their KS statistics."""
     import json
 
     from rich.console import Console
@@ -149,8 +153,11 @@ def show_command(
         if endpoint not in (None, "completions", "chat"):
             console.print(f"[red]--endpoint must be completions or chat, got {endpoint!r}")
             raise typer.Exit(2)
-        if compare not in workloads.shipped_names():
-            console.print(f"[red]--compare {compare!r} is not a shipped mix: {', '.join(workloads.shipped_names())}")
+        mixes = workloads.shipped_names() if compare == "all" else [m.strip() for m in compare.split(",") if m.strip()]
+        unknown = [m for m in mixes if m not in workloads.shipped_names()] or ([] if mixes else [compare])
+        if unknown:
+            console.print(f"[red]--compare {', '.join(unknown)!r}: not a shipped mix; the shipped mixes are "
+                          f"{', '.join(workloads.shipped_names())} (or all)")
             raise typer.Exit(2)
     try:
         if prompt_workload:
@@ -170,7 +177,8 @@ def show_command(
         console.print(f"[bold]{key}[/]: " + "  ".join(f"{q} {v:,.0f}" for q, v in stats.items()))
     console.print(f"[bold]correlation[/]: {meta['correlation']}")
     if prompt_workload:
-        _print_comparison(console, specs, compare)
+        for mix in mixes:
+            _print_comparison(console, specs, mix)
     for key in ("arrivals", "prefix"):
         if meta.get(key):
             shown = dict(meta[key])

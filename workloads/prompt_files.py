@@ -9,7 +9,9 @@
   text}, ...]}`; the first human turn is the prompt and the reply after it gives the output length (its tokens with the
   target's tokenizer). Entries without a non-empty human turn are skipped and counted (downloads have some).
 A `.json` file may also be a list of JSONL-style objects. Rows without an output length get the default
-(`--output-len`, else DEFAULT_OUTPUT_LEN). Every bad entry is a WorkloadFormatError naming the file and line.
+(`--output-len`, else DEFAULT_OUTPUT_LEN). Any entry may name its request class for per-class SLOs in `class` (or
+`request_class`, `slo_class`: letters, digits, `_`, `.`, `-`), as a trace's rows do. Every bad entry is a
+WorkloadFormatError naming the file and line.
 
 Sampling n requests from R rows: n <= R draws a seeded subset without replacement, kept in file order; n > R sends
 every row n // R times and a seeded subset for the rest. Copy k >= 1 of a row is marked `[r<k>] ` at its start so it
@@ -19,7 +21,8 @@ does not hit the prefix cache its first copy warmed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ class PromptText:
     messages: tuple[dict[str, str], ...] | None = None
     output_len: int | None = None
     reply: str | None = None  # ShareGPT: the recorded answer, measured for the output length
+    request_class: str | None = None  # for per-class SLOs: the entry's `class` field
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,11 @@ class PromptFile:
     @property
     def has_chats(self) -> bool:
         return any(row.messages is not None for row in self.rows)
+
+    @property
+    def classes(self) -> list[str]:
+        """The request classes the rows name, sorted."""
+        return sorted({row.request_class for row in self.rows if row.request_class is not None})
 
 
 def _error(path: Path, line: int, problem: str) -> WorkloadFormatError:
@@ -76,12 +85,15 @@ def is_prompt_workload(name: str) -> bool:
 
 
 def prompt_file_path(name: str) -> Path:
-    """The file of `prompts:FILE` or of a shipped prompt set; FileNotFoundError naming it when it is missing."""
+    """The file of `prompts:FILE` or of a shipped prompt set (also as `prompts:NAME` when no file NAME exists);
+    FileNotFoundError naming it when it is missing."""
     if name in shipped_prompt_sets():
         return DATA_DIR / f"{name}.jsonl"
     if not name.startswith(PREFIX):
         raise ValueError(f"{name!r} is not a prompt workload: give prompts:FILE or one of {shipped_prompt_sets()}")
     path = Path(name[len(PREFIX) :]).expanduser()
+    if not path.is_file() and name[len(PREFIX) :] in shipped_prompt_sets():
+        return DATA_DIR / f"{name[len(PREFIX) :]}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such prompt file (from --workload {name})")
     return path
@@ -127,10 +139,28 @@ def _sharegpt(turns: Any, path: Path, line: int) -> PromptText | None:
     return None
 
 
+def _request_class(record: dict, path: Path, line: int) -> str | None:
+    from workloads.loaders import CLASS_ALIASES  # the trace loader's class fields, so both read the same ones
+
+    key = next((k for k in CLASS_ALIASES if record.get(k) not in (None, "")), None)
+    if key is None:
+        return None
+    value = str(record[key])
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        raise _error(path, line, f"{key} is {value!r}: a class is letters, digits, '_', '.' or '-'")
+    return value
+
+
 def parse_row(record: Any, path: Path, line: int) -> PromptText | None:
     """One entry as a PromptText (None: a ShareGPT entry with no human turn, skipped)."""
     if not isinstance(record, dict):
         raise _error(path, line, f"expected a JSON object, got {type(record).__name__}")
+    row = _parse_text(record, path, line)
+    request_class = _request_class(record, path, line)
+    return row if row is None or request_class is None else replace(row, request_class=request_class)
+
+
+def _parse_text(record: dict, path: Path, line: int) -> PromptText | None:
     if "conversations" in record:
         return _sharegpt(record["conversations"], path, line)
     output_len = _output_len(record, path, line)
@@ -254,8 +284,9 @@ def prompt_file_prompts(
         length = row.output_len
         if length is None:
             length = max(1, next(reply_lens)) if row.reply is not None and reply_lens is not None else default_len
-        specs.append(RequestSpec(input_len=input_len, output_len=length))
-        prompts.append(SynthesizedPrompt(prompt, messages, input_len, length, extra={"line": row.line}))
+        specs.append(RequestSpec(input_len=input_len, output_len=length, request_class=row.request_class))
+        prompts.append(SynthesizedPrompt(prompt, messages, input_len, length, extra={"line": row.line},
+                                         request_class=row.request_class))  # fmt: skip
     return specs, prompts
 
 

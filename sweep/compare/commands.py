@@ -180,7 +180,8 @@ def compare(
         )  # fmt: skip
     except ValueError as e:
         fail(str(e))
-    gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor}
+    gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor,
+                    "slo": config.slo}  # the gate also judges attainment under the sweep's SLO (slo_attainment rows)
     execute(ctx.obj, config, targets, together, gate, gate_options, junit_xml, markdown)
 
 
@@ -238,7 +239,8 @@ def ab(
         )  # fmt: skip
     except ValueError as e:
         fail(str(e))
-    gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor}
+    gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor,
+                    "slo": config.slo}  # the gate also judges attainment under the sweep's SLO (slo_attainment rows)
     execute(ctx.obj, config, targets, True, True, gate_options, junit_xml, markdown)
 
 

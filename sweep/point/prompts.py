@@ -108,13 +108,16 @@ def check_slo_classes(
     if not wanted:
         return
     present: list[str] = []
-    if not workloads.is_text_workload(workload.workload):
+    if workloads.prompt_files.is_prompt_workload(workload.workload):  # a prompt file's rows may carry classes
+        present = workloads.prompt_files.read_prompt_file(workload.workload).classes
+    elif not workloads.is_text_workload(workload.workload):
         specs, _ = workload_specs(workload, n, workload.seed, tokenizer if is_trace_file(workload) else None)
         present = sorted({s.request_class for s in specs if s.request_class is not None})
     unknown = [name for name in wanted if name not in present]
     if unknown:
-        have = f"its classes are {present}" if present else "it carries none (a trace's class column, or a mixture)"
-        raise ValueError(f"--slo names unknown class(es) {unknown}: workload {workload.workload!r} {have}")
+        none = "it carries none (a trace's class column, a prompt file's class field, or a mixture)"
+        have = f"its classes are {present}" if present else none
+        raise ValueError(f"--slo names unknown class(es) {unknown}: workload {workload.workload!r}: {have}")
 
 
 def check_outputs(records: list[RequestRecord], prompts: dict[int, Any]) -> None:

@@ -72,6 +72,14 @@ class SweepConfig(LoadConfig):
             raise ValueError(
                 f"{flag} needs --endpoint chat (the history is a message list), one client process and no --replay"
             )
+        if self.mode == "replay":
+            from workloads import is_text_workload
+
+            if is_text_workload(self.workload.workload):
+                raise ValueError(
+                    f"--replay needs a workload with timestamps; {self.workload.workload!r} is prompt text, which has "
+                    "none: sweep it with --concurrency or --request-rate, or replay a trace"
+                )
         if self.turns > 1 and self.workload.conversations is not None:
             raise ValueError("--conversations takes each session's turns from the file; drop --turns")
         if self.rate_curve is not None:

@@ -129,15 +129,30 @@ def engine_config(config: SimulateConfig) -> tuple[Any, int]:
 
 
 def build_requests(config: SimulateConfig, n: int, salt: str) -> tuple[list[SimulatedRequest], Any]:
-    """The point's requests from the workload (fitted to max_model_len as `bench sweep` fits them)."""
+    """The point's requests from the workload (fitted to max_model_len as `bench sweep` fits them). A text workload
+    (`prompts:FILE`, a shipped prompt set, copy-heavy) gives the lengths of its text in the target's tokenizer, as
+    `bench sweep` measures them (salt and endpoint's chat template included, not fitted); the simulated engine sees
+    token ids of those lengths, not the words."""
+    import workloads
     from sweep.point.prompts import is_trace_file, workload_specs
 
+    w = config.workload
     tokenizer = None
-    if is_trace_file(config.workload):
+    text = workloads.is_text_workload(w.workload)
+    if text or is_trace_file(w):
         from engine.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(config.knobs.get("tokenizer") or config.knobs["model"])
-    specs, fit_report = workload_specs(config.workload, n, config.workload.seed, tokenizer)
+    if text:
+        from workloads.prompt_files import is_prompt_workload, read_prompt_file
+        from workloads.text_workloads import text_prompts
+
+        endpoint = w.endpoint  # bench simulate has no --endpoint: a file of chats is measured as chat sends it
+        if is_prompt_workload(w.workload) and read_prompt_file(w.workload).has_chats:
+            endpoint = "chat"
+        specs, fit_report = text_prompts(w.workload, endpoint, w.output_len, tokenizer, n, w.seed, salt)[0], None
+    else:
+        specs, fit_report = workload_specs(w, n, w.seed, tokenizer)
     requests = [
         SimulatedRequest(i, prompt_token_ids(s, i, salt), s.output_len, s.request_class) for i, s in enumerate(specs)
     ]

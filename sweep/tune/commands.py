@@ -47,7 +47,14 @@ def _check_workload(workload: str, input_len: int | None, output_len: int | None
     """A bad workload or length option is one clear error before any trial, not a failure in every trial."""
     import workloads
 
-    if workload in workloads.shipped_names() or not Path(workload).expanduser().is_file():
+    if workloads.prompt_files.is_prompt_workload(workload):  # its file is checked; longest_request measures its text
+        try:
+            workloads.prompt_files.read_prompt_file(workload)
+        except FileNotFoundError as error:
+            raise ValueError(str(error)) from None
+    elif workload not in workloads.TEXT_WORKLOADS and (
+        workload in workloads.shipped_names() or not Path(workload).expanduser().is_file()
+    ):
         workloads.load(workload, num_requests=1, seed=seed, input_len=input_len, output_len=output_len)
 
 
@@ -252,7 +259,7 @@ def tune(
         model_max_len = _model_max_len(model) if readable else None
         top = spec.max_load if objective == "max-load" else load  # the other objectives measure one load
         counts = prompt_counts(num_prompts, mode, load, top)
-        longest = longest_request(workload, input_len, output_len, seed, counts, tokenizer or model)
+        longest = longest_request(workload, input_len, output_len, seed, counts, tokenizer or model, endpoint)
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=longest,
                                    tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)

@@ -5,7 +5,9 @@ shorter than a request measures a lighter workload than the others and can win o
 removes every `max_model_len` choice below the longest request (prompt + output) from the space, for every
 workload kind (generated, shipped mix or trace): `DeviceInfo.min_model_len` and the space's max_model_len filter
 (sweep/tune/space.py). The requests counted are exactly those the study's points draw: `workloads.load` with the
-study's seed and each prompt count a point can have.
+study's seed and each prompt count a point can have. A text workload (`prompts:FILE`, a shipped prompt set,
+copy-heavy) is measured as the sweep measures it: its text in the target's tokenizer on the study's endpoint, after a
+salt of the sweep's shape (`[<12 hex>-<label>] `), so its count can differ from a point's by a token or two.
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ def _trace_tokenizer(path: Path, tokenizer: str) -> Any:
     return get_tokenizer(tokenizer)
 
 
+SAMPLE_SALT = "0123456789ab-c0001"  # the shape of a sweep point's salt (run salt, point label)
+
+
 def longest_request(
-    workload: str, input_len: int | None, output_len: int | None, seed: int, counts: list[int], tokenizer: str
+    workload: str,
+    input_len: int | None,
+    output_len: int | None,
+    seed: int,
+    counts: list[int],
+    tokenizer: str,
+    endpoint: str = "completions",
 ) -> int:
     """The most tokens (prompt + output, as the source asks, before any fitting) of any request the study's points
     draw; `tokenizer` measures a text trace. A bad workload or trace raises ValueError.
@@ -46,20 +57,31 @@ def longest_request(
     import workloads
 
     path = Path(workload).expanduser()
-    if workload not in workloads.shipped_names() and path.is_file():
+    ceiling: int | None = None
+    if workloads.is_text_workload(workload):
+        from engine.tokenizer import get_tokenizer
+        from workloads.text_workloads import text_prompts
+
+        target = get_tokenizer(tokenizer)
+
+        def draw(n: int | None) -> list[Any]:
+            return text_prompts(workload, endpoint, output_len, target, n, seed, SAMPLE_SALT)[0]
+
+        if workloads.prompt_files.is_prompt_workload(workload):  # a draw of n <= rows is a subset of the rows
+            ceiling = _longest(draw(None))
+    elif workload not in workloads.shipped_names() and path.is_file():
         # workloads.load draws a trace's requests from all its rows: read them once, draw each count from them
         rows = workloads.load(path, tokenizer=_trace_tokenizer(path, tokenizer))
 
         def draw(n: int) -> list[Any]:
             return workloads.sample(rows, n, seed)
 
-        ceiling: int | None = _longest(rows)
+        ceiling = _longest(rows)
     else:
 
         def draw(n: int) -> list[Any]:
             return workloads.load(workload, num_requests=n, seed=seed, input_len=input_len, output_len=output_len)
 
-        ceiling = None
         if workload in workloads.shipped_names() and not workloads.mixes.is_quantile_table(workload):
             ceiling = _longest(workloads.load(workload))
         elif workload in ("fixed", "random"):
@@ -67,7 +89,7 @@ def longest_request(
     longest = 1
     for n in sorted(counts, reverse=True):
         longest = max(longest, _longest(draw(n)))
-        if longest == ceiling:
+        if ceiling is not None and longest >= ceiling:  # a prompt file's draw past its rows repeats every row
             break
     return longest
 

@@ -131,6 +131,9 @@ def test_a_sweep_records_per_class_attainment_and_refuses_an_unknown_class(tmp_p
     assert {name: c["slo_attainment"] for name, c in point["classes"].items()} == {"interactive": 1.0, "batch": 0.0}
     table = point_table(load_run(run_dir))
     assert table["attainment interactive"].tolist() == [1.0] and table["attainment batch"].tolist() == [0.0]
+    goodput = point["classes"]["interactive"]["request_goodput"]  # the report shows each class's goodput too
+    assert goodput > 0 and table["goodput interactive req/s"].tolist() == [goodput]
+    assert table["goodput batch req/s"].tolist() == [0.0]
 
 
 def test_tune_refuses_an_unknown_class_before_any_trial(tmp_path: Path) -> None:
