@@ -4,7 +4,8 @@ The first run is the baseline. `compare_rows` gives, per target and load point, 
 E2EL, the output throughput and the mean output length, and each as a ratio to the baseline's at the same
 load (latencies: theirs / baseline, so < 1.0 is faster; throughput: theirs / baseline, so > 1.0 is more).
 `write_compare` writes compare.md, compare.json and compare.html (with compare.png: TPOT p50 and output
-throughput against load, one line per target). `gate_targets` runs the gate (reports.gate.run_gate) of the
+throughput against load, one line per target), each with the weights every target served (its config.json's
+`target.weights`, which `bench compare` records). `gate_targets` runs the gate (reports.gate.run_gate) of the
 baseline against every other target.
 """
 
@@ -123,7 +124,24 @@ def _cells(r: CompareRow) -> list[str]:
             f"{r.mean_output_tokens:.0f}"]  # fmt: skip
 
 
-def to_markdown(rows: list[CompareRow], baseline: str, load_name: str) -> str:
+def describe_weights(weights: dict[str, Any] | None) -> str:
+    """A run's `target.weights` in words: the source, its dtype (and quantization), what it was exported from."""
+    if not weights or not weights.get("source"):
+        return "unknown (not recorded: a cmd or url target, or a run made outside bench compare)"
+    extras = [str(weights[k]) for k in ("dtype", "quantization") if weights.get(k)]
+    text = str(weights["source"]) + (f" ({', '.join(extras)})" if extras else "")
+    if weights.get("exported_from"):
+        text += f", exported from {weights['exported_from']}"
+    return text
+
+
+def run_weights(runs: list[RunData]) -> dict[str, dict[str, Any] | None]:
+    """Each run's recorded weights (None where its config.json has none)."""
+    return {run.name: (run.config.get("target") or {}).get("weights") for run in runs}
+
+
+def to_markdown(rows: list[CompareRow], baseline: str, load_name: str,
+                weights: dict[str, dict[str, Any] | None] | None = None) -> str:
     lines = [
         f"### bench compare: ratios to `{baseline}`",
         "",
@@ -133,6 +151,8 @@ def to_markdown(rows: list[CompareRow], baseline: str, load_name: str) -> str:
         "|---|" + "---:|" * (len(HEADER) - 1),
         *("| " + " | ".join(_cells(r)) + " |" for r in rows),
     ]
+    if weights:
+        lines += ["", "weights each target served:", *(f"- `{n}`: {describe_weights(w)}" for n, w in weights.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +176,8 @@ def plot(runs: list[RunData], path: Path) -> Path:
     return save(fig, path)
 
 
-def _html(rows: list[CompareRow], baseline: str, load_name: str, image: Path, verdicts: list[GateVerdict]) -> str:
+def _html(rows: list[CompareRow], baseline: str, load_name: str, image: Path, verdicts: list[GateVerdict],
+          weights: dict[str, dict[str, Any] | None]) -> str:
     data = base64.b64encode(image.read_bytes()).decode("ascii")
     head = "".join(f"<th>{html.escape(h.format(load=load_name))}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows)
@@ -164,11 +185,13 @@ def _html(rows: list[CompareRow], baseline: str, load_name: str, image: Path, ve
         f"<h2>gate: {html.escape(v.target)}: {'PASS' if v.passed else 'FAIL'}</h2><pre>{html.escape(v.table)}</pre>"
         for v in verdicts
     )
+    served = "".join(f"<li>{html.escape(n)}: {html.escape(describe_weights(w))}</li>" for n, w in weights.items())
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>bench compare</title></head><body>"
         f"<h1>bench compare: ratios to {html.escape(baseline)}</h1><p>{html.escape(EXPLANATION)}</p>"
         f"<img alt='TPOT and throughput vs load' src='data:image/png;base64,{data}'>"
-        f"<table border='1'><tr>{head}</tr>{body}</table>{gates}</body></html>"
+        f"<table border='1'><tr>{head}</tr>{body}</table><p>weights each target served:</p><ul>{served}</ul>"
+        f"{gates}</body></html>"
     )
 
 
@@ -181,7 +204,8 @@ def write_compare(runs: dict[str, Path], out_dir: Path, verdicts: list[GateVerdi
     rows = compare_rows(data)
     baseline = data[0].name
     load_name = "concurrency" if data[0].mode == "concurrency" else "req/s"
-    table = to_markdown(rows, baseline, load_name)
+    weights = run_weights(data)
+    table = to_markdown(rows, baseline, load_name, weights)
     verdicts = verdicts or []
     markdown = table + "".join(f"\n{v.table}" for v in verdicts)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -189,12 +213,13 @@ def write_compare(runs: dict[str, Path], out_dir: Path, verdicts: list[GateVerdi
     (out_dir / "compare.json").write_text(json.dumps({
         "baseline": baseline,
         "runs": {name: str(path) for name, path in runs.items()},
+        "weights": weights,
         "rows": [asdict(r) for r in rows],
         "gate": {v.target: v.passed for v in verdicts},
     }, indent=2) + "\n")  # fmt: skip
     image = plot(data, out_dir / "compare.png")
     path = out_dir / "compare.html"
-    path.write_text(_html(rows, baseline, load_name, image, verdicts))
+    path.write_text(_html(rows, baseline, load_name, image, verdicts, weights))
     return path
 
 

@@ -24,7 +24,8 @@ EXIT_PASS, EXIT_FAIL = 0, 1
 TARGET_HELP = (
     "NAME=SPEC, repeated; the first is the baseline. SPEC: engine[:KNOB=V,...] (bench serve with these engine "
     "knobs), ref:GITREF[:KNOB=V,...] (this repository at a git ref), cmd:TEMPLATE (a launch template with {model} "
-    "{host} {port}), url:http://HOST:PORT (a running server) or llama.cpp (llama.cpp's server on the model's GGUF)."
+    "{host} {port}), url:http://HOST:PORT (a running server), llama.cpp (llama.cpp's server on the model's GGUF) or "
+    "vllm[:KNOB=V,...] (`vllm serve` on --vllm-model's HF directory, these knobs as vLLM's flags)."
 )
 
 
@@ -57,6 +58,8 @@ def execute(
     gate_options: dict[str, Any],
     junit_xml: Path | None = None,
     markdown: Path | None = None,
+    vllm_model: str | None = None,
+    vllm_command: str | None = None,
 ) -> None:
     """Measure the targets, write the report, gate when asked; exits 0 pass, 1 regression, 2 unusable input."""
     from sweep.compare.rounds import CompareConfig, run_compare
@@ -68,7 +71,7 @@ def execute(
         options = judge.GateOptions(**gate_options)
         if gate:
             judge.check_gate_options(options)
-        runs = run_compare(CompareConfig(sweep_config, targets, together))
+        runs = run_compare(CompareConfig(sweep_config, targets, together, vllm_model, vllm_command))
         verdicts = judge.gate_targets(runs, options) if gate else []
         path = judge.write_compare(runs, out_dir, verdicts)
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as e:
@@ -148,6 +151,10 @@ def compare(
     output_dir: Path = typer.Option(Path("results/compare"), help="Writes <dir>/<NAME> per target and "
                                     "<dir>/compare.{md,json,html}."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted compare in --output-dir."),
+    vllm_model: str | None = typer.Option(None, help="The HF directory (or hub id) a vllm target loads; it serves "
+                                          "it as --model, the name requests send. `bench model export-hf` writes one."),
+    vllm_command: str | None = typer.Option(None, help="A vllm target's executable [default: .venv-vllm/bin/vllm "
+                                            "(`make vllm`), else vllm on PATH]."),
 ) -> None:
     """Compare servers on one workload in interleaved rounds: ratios to the first target, one report; --gate."""
     from sweep.point.benchmark_metrics import parse_slo
@@ -182,7 +189,7 @@ def compare(
         fail(str(e))
     gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor,
                     "slo": config.slo}  # the gate also judges attainment under the sweep's SLO (slo_attainment rows)
-    execute(ctx.obj, config, targets, together, gate, gate_options, junit_xml, markdown)
+    execute(ctx.obj, config, targets, together, gate, gate_options, junit_xml, markdown, vllm_model, vllm_command)
 
 
 def _side(name: str, ref: str | None, command: str | None, args: str) -> Target:

@@ -22,15 +22,19 @@ from rich.console import Console
 from sweep.compare.targets import (
     LLAMA_CPP,
     LLAMA_CPP_HEALTH,
+    SHARED_KNOBS,
+    VLLM,
     Target,
     TargetError,
     check_targets,
     checkout,
     launch_template,
     resolve_ref,
+    target_weights,
 )
 from sweep.run import results
 from sweep.run.repeats import repeat_order
+from sweep.run.vllm_engine import check_vllm_model, refused_vllm_knobs, vllm_command
 
 if TYPE_CHECKING:
     from sweep.run.sweep_config import SweepConfig
@@ -41,11 +45,15 @@ DEFAULT_CONTEXT = 4096  # llama.cpp's n_ctx when neither --max-model-len nor bot
 @dataclass
 class CompareConfig:
     """`sweep`: the load, workload and SLO every target gets (`output_dir`: the compare's directory, `repeats`:
-    the rounds, `engine_knobs`: the knobs every engine and ref target starts from); `together`: all servers up."""
+    the rounds, `engine_knobs`: the knobs every engine, ref and vllm target starts from); `together`: all servers
+    up. `vllm_model`: the HF directory (or hub id) vllm targets load; `vllm_command`: their executable (default:
+    the `make vllm` venv's, else `vllm` on PATH); both resolved on construction."""
 
     sweep: SweepConfig
     targets: list[Target] = field(default_factory=list)
     together: bool = False
+    vllm_model: str | None = None
+    vllm_command: str | None = None
 
     def __post_init__(self) -> None:
         check_targets(self.targets)
@@ -62,6 +70,26 @@ class CompareConfig:
         for target in self.targets:
             if target.kind == "ref":
                 resolve_ref(target.value)  # a bad ref fails before any server starts
+        self._check_vllm()
+
+    def _check_vllm(self) -> None:
+        """A vllm target needs --vllm-model, an executable, and command-level knobs vLLM takes; the vLLM options
+        without a vllm target are an error too."""
+        if not any(t.kind == VLLM for t in self.targets):
+            if self.vllm_model is not None or self.vllm_command is not None:
+                raise TargetError("--vllm-model and --vllm-command are for a vllm target (--target NAME=vllm)")
+            return
+        if refused := refused_vllm_knobs(vllm_shared_knobs(self.sweep.engine_knobs)):
+            raise TargetError(f"a vllm target gets the command's engine knobs, and vLLM does not take "
+                              f"{'; '.join(refused)}: set them per target (engine:KNOB=V)")  # fmt: skip
+        if self.vllm_model is None:
+            raise TargetError("a vllm target needs --vllm-model DIR: the HF directory vLLM loads (`bench model "
+                              "export-hf MODEL --output-dir DIR` writes one); --model stays the served name")
+        try:
+            self.vllm_model = check_vllm_model(self.vllm_model, option="--vllm-model")
+            self.vllm_command = vllm_command(self.vllm_command, option="a vllm target")
+        except ValueError as e:
+            raise TargetError(str(e)) from None
 
     @property
     def rounds(self) -> int:
@@ -78,11 +106,21 @@ def context_length(config: SweepConfig, knobs: dict) -> int:
     return sum(lengths) + 64 if None not in lengths else DEFAULT_CONTEXT  # type: ignore[arg-type]
 
 
+def vllm_shared_knobs(knobs: dict) -> dict:
+    """The command's engine knobs a vllm target gets: all but the tokenizer (vLLM uses its directory's)."""
+    return {k: v for k, v in knobs.items() if k not in SHARED_KNOBS}
+
+
 def target_sweep(config: CompareConfig, target: Target, worktree: Path | None) -> SweepConfig:
-    """The target's own `bench sweep` config: its run directory, its launch (or URL), its knobs."""
+    """The target's own `bench sweep` config: its run directory, its launch (or URL), its knobs, its weights."""
     base = config.sweep
-    knobs = {**base.engine_knobs, **target.knobs}
-    template = launch_template(target, base.model, knobs, worktree, context_length(base, knobs))
+    shared = vllm_shared_knobs(base.engine_knobs) if target.kind == VLLM else base.engine_knobs
+    knobs = {**shared, **target.knobs}
+    vllm = None
+    if target.kind == VLLM:
+        assert config.vllm_command is not None and config.vllm_model is not None  # resolved in __post_init__
+        vllm = (config.vllm_command, config.vllm_model)
+    template = launch_template(target, base.model, knobs, worktree, context_length(base, knobs), vllm)
     return replace(
         base,
         output_dir=config.run_dir(target),
@@ -91,6 +129,7 @@ def target_sweep(config: CompareConfig, target: Target, worktree: Path | None) -
         launch_template=template,
         health_path=LLAMA_CPP_HEALTH if target.kind == LLAMA_CPP else base.health_path,
         command=f"{base.command} [{target.name}: {target.describe()}]",
+        weights=target_weights(target, base.model, knobs, config.vllm_model),
     )
 
 

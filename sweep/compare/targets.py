@@ -3,8 +3,13 @@
 A spec is one of `engine[:KNOB=V,...]` (the built-in engine, `bench serve`, with these engine knobs),
 `ref:GITREF[:KNOB=V,...]` (this repository at a git ref, served by its own `bench serve` from a temporary
 worktree), `cmd:TEMPLATE` (any launch template with {model} {host} {port}, as sweep/run/launcher.py),
-`url:http://HOST:PORT` (a server already running; nothing is launched) or `llama.cpp` (llama.cpp's OpenAI
-server from the `llama-cpp-python[server]` package, on the model's GGUF).
+`url:http://HOST:PORT` (a server already running; nothing is launched), `llama.cpp` (llama.cpp's OpenAI
+server from the `llama-cpp-python[server]` package, on the model's GGUF) or `vllm[:KNOB=V,...]` (a real `vllm serve`
+on the HF directory `--vllm-model` names, served under the `--model` name the client sends, with these knobs as
+vLLM's flags; a knob vLLM lacks is refused by name, sweep/run/vllm_engine.py).
+
+Each target's run records the weights it served (`target_weights`): the engine's GGUF or HF directory and dtype,
+llama.cpp's GGUF, vLLM's directory and the source its `bench model export-hf` marker names; unknown for cmd and url.
 
 llama.cpp's server takes no `ignore_eos`: its outputs may end at EOS before --output-len (its TPOT is per token
 all the same; the compare table gives the mean output length). It runs one request at a time, started with
@@ -28,10 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import KnobSpec, engine_knobs, knob_args
+from sweep.run.vllm_engine import refused_vllm_knobs, serve_template, vllm_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("engine", "ref", "cmd", "url", "llama.cpp")
+KINDS = ("engine", "ref", "cmd", "url", "llama.cpp", "vllm")
+KNOBBED = ("engine", "ref", "vllm")  # the kinds that take KNOB=V,...
 LLAMA_CPP = "llama.cpp"
+VLLM = "vllm"
 LLAMA_CPP_HEALTH = "/v1/models"
 LLAMA_CPP_THREADS = 2  # its default --n_threads without a --cpu-threads knob
 SHARED_KNOBS = ("model", "tokenizer")  # the workload's: one for every target
@@ -44,8 +52,8 @@ class TargetError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """One compared server: `kind` is one of KINDS; `value` the ref, template or URL (empty for engine and
-    llama.cpp); `knobs` its own engine knobs (over the command's); `extra_args` appended to its server command."""
+    """One compared server: `kind` is one of KINDS; `value` the ref, template or URL (empty for engine, llama.cpp
+    and vllm); `knobs` its own engine knobs (over the command's); `extra_args` appended to its server command."""
 
     name: str
     kind: str
@@ -58,8 +66,11 @@ class Target:
             raise TargetError(f"target name {self.name!r}: use letters, digits, '.', '_' or '-' (it names a directory)")
         if self.kind not in KINDS:
             raise TargetError(f"target {self.name}: unknown kind {self.kind!r}; use one of {', '.join(KINDS)}")
-        if self.kind in ("url", "cmd", LLAMA_CPP) and self.knobs:
-            raise TargetError(f"target {self.name}: a {self.kind} target takes no engine knobs (only engine: and ref:)")
+        if self.kind not in KNOBBED and self.knobs:
+            raise TargetError(f"target {self.name}: a {self.kind} target takes no engine knobs (only engine:, ref: "
+                              "and vllm:)")  # fmt: skip
+        if self.kind == VLLM and (refused := refused_vllm_knobs(self.knobs)):
+            raise TargetError(f"target {self.name}: vLLM does not take {'; '.join(refused)}")
         if self.kind in ("ref", "cmd", "url") and not self.value:
             raise TargetError(f"target {self.name}: {self.kind}: needs a value, e.g. {_EXAMPLES[self.kind]}")
         if self.kind == "url" and not re.match(r"^https?://[^/\s]+", self.value):
@@ -72,7 +83,7 @@ class Target:
     def describe(self) -> str:
         """The spec as the user would write it (for logs and the run's recorded command)."""
         knobs = ",".join(f"{k}={v}" for k, v in self.knobs.items())
-        head = {"engine": "engine", LLAMA_CPP: LLAMA_CPP}.get(self.kind, f"{self.kind}:{self.value}")
+        head = {"engine": "engine", LLAMA_CPP: LLAMA_CPP, VLLM: VLLM}.get(self.kind, f"{self.kind}:{self.value}")
         tail = f":{knobs}" if knobs else ""
         extra = f" {shlex.join(self.extra_args)}" if self.extra_args else ""
         return head + tail + extra
@@ -120,8 +131,8 @@ def parse_target(text: str) -> Target:
     if spec.startswith(LLAMA_CPP + ":"):
         raise TargetError(f"target {name}: llama.cpp takes no knobs (spec: llama.cpp)")
     kind, _, rest = spec.partition(":")
-    if kind == "engine":
-        return Target(name, "engine", knobs=parse_knobs(rest, name) if rest else {})
+    if kind in ("engine", VLLM):
+        return Target(name, kind, knobs=parse_knobs(rest, name) if rest else {})
     if kind == "ref":
         ref, _, knobs = rest.partition(":")
         return Target(name, "ref", ref, parse_knobs(knobs, name) if knobs else {})
@@ -133,7 +144,7 @@ def parse_target(text: str) -> Target:
             raise TargetError(f"target {name}: a url target takes no engine knobs (the server is already running)")
         return Target(name, "url", rest.rstrip("/").removesuffix("/v1"))
     raise TargetError(f"target {name}: unknown spec {spec!r}; use engine[:K=V,...], ref:GITREF[:K=V,...], "
-                      "cmd:TEMPLATE, url:http://HOST:PORT or llama.cpp")  # fmt: skip
+                      "cmd:TEMPLATE, url:http://HOST:PORT, llama.cpp or vllm[:K=V,...]")  # fmt: skip
 
 
 def check_targets(targets: list[Target]) -> None:
@@ -197,8 +208,37 @@ def llama_cpp_template(model: str, knobs: dict[str, Any], n_ctx: int) -> str:
     return " ".join(placeholders.get(a) or shlex.quote(escape(a)) for a in argv)
 
 
-def launch_template(target: Target, model: str, knobs: dict[str, Any], worktree: Path | None, n_ctx: int) -> str | None:
+def vllm_template(executable: str, hf_dir: str, knobs: dict[str, Any], extra_args: tuple[str, ...] = ()) -> str:
+    """`vllm serve HF_DIR --host --port --served-model-name {model} <knob flags>` as a launch template."""
+    head = serve_template(escape(executable), shlex.quote(escape(hf_dir)))
+    return " ".join([head, *(shlex.quote(escape(a)) for a in [*knob_args(knobs), *extra_args])])
+
+
+def target_weights(target: Target, model: str, knobs: dict[str, Any], vllm_model: str | None) -> dict[str, Any]:
+    """The weights the target serves, for its run's config.json: `source` (a GGUF file, an HF directory or hub id,
+    or an alias; None: unknown, a cmd or url target's own) and the dtype (and quantization) it runs them in."""
+    from engine.model_files import gguf_source
+
+    if target.kind == VLLM:
+        assert vllm_model is not None
+        return vllm_weights(vllm_model, knobs.get("dtype"))
+    if target.kind in ("cmd", "url"):
+        return {"source": None}
+    gguf = gguf_source(model)
+    path = Path(model).expanduser()
+    source = str(gguf) if gguf is not None else str(path.resolve()) if path.is_dir() else model
+    if target.kind == LLAMA_CPP:
+        return {"source": source, "dtype": "as stored in the GGUF"}
+    record: dict[str, Any] = {"source": source, "dtype": knobs.get("dtype") or "auto"}
+    if knobs.get("quantization") not in (None, "none"):
+        record["quantization"] = knobs["quantization"]
+    return record
+
+
+def launch_template(target: Target, model: str, knobs: dict[str, Any], worktree: Path | None, n_ctx: int,
+                    vllm: tuple[str, str] | None = None) -> str | None:
     """The target's launch template; None for the built-in engine (the launcher's own command) and a URL.
+    `vllm` is (executable, HF directory) for a vllm target.
 
     A ref runs its worktree's `bench serve` (`python -P` keeps the current directory off sys.path, so
     PYTHONPATH picks the worktree's code over the installed one)."""
@@ -207,6 +247,9 @@ def launch_template(target: Target, model: str, knobs: dict[str, Any], worktree:
         return " ".join([target.value, *extra])
     if target.kind == LLAMA_CPP:
         return llama_cpp_template(model, knobs, n_ctx)
+    if target.kind == VLLM:
+        assert vllm is not None
+        return vllm_template(*vllm, knobs, target.extra_args)
     if target.kind == "ref":
         assert worktree is not None
         argv = ["env", f"PYTHONPATH={worktree}", sys.executable, "-P", "-m", "cli", "serve"]

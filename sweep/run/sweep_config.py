@@ -31,6 +31,7 @@ class SweepConfig(LoadConfig):
     temperature: float | None = None
     engine_knobs: dict[str, Any] = field(default_factory=dict)
     launch_template: str | None = None  # an external server's command template (see launcher.py)
+    weights: dict[str, Any] | None = None  # what the server loads, when its caller knows (bench compare's targets)
     num_warmups: int = 0
     reset_prefix_cache: bool = False
     search_repeats: int = 0  # --max-load-under-slo: at most this many more measurements of an uncertain probe

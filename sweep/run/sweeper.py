@@ -149,6 +149,8 @@ class Sweeper:
             "engine_knobs": dict(cfg.engine_knobs),
             "launch_template": cfg.launch_template,
         }
+        if cfg.weights is not None:
+            target["weights"] = cfg.weights
         return run_config(
             cfg, cfg.output_dir, self.salt, cfg.command, target, cfg.measurement_record(), calibration=self.calibration
         )
