@@ -17,11 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sweep.point.benchmark_metrics import (
-    calculate_metrics,
-    percentile_name,
-    queue_inclusive_applies,
-)
+from sweep.point.benchmark_metrics import calculate_metrics, percentile_name, queue_inclusive_applies
 from sweep.point.client import ClientConfig
 from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts, check_slo_classes
@@ -32,13 +28,7 @@ from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
 from sweep.run.repeats import pooled_point, repeat_order
-from sweep.run.run_info import (
-    check_reachable,
-    check_target_healthy,
-    client_fidelity,
-    run_config,
-    workload_fidelity,
-)
+from sweep.run.run_info import check_reachable, check_target_healthy, client_fidelity, run_config, workload_fidelity
 from sweep.run.search import SearchConfig, SearchResult, answer_text, max_load_under_slo, point_counts, search_record
 from sweep.run.sweep_config import SweepConfig
 
