@@ -14,13 +14,13 @@ output throughput (vLLM's field names, and ours are the same); the agreement is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,20 +96,15 @@ def servelab_command(cfg: AgreementConfig, concurrency: int, seed: int, run_dir:
 
 
 def reset_prefix_cache(cfg: AgreementConfig) -> bool:
-    """POST /reset_prefix_cache; False when the server has no such route or says it failed (vLLM registers it
-    only with VLLM_SERVER_DEV_MODE=1)."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    request = urllib.request.Request(cfg.url + "/reset_prefix_cache", data=b"", headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            body = response.read()
-    except OSError:
-        return False
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        return True
-    return not (isinstance(answer, dict) and answer.get("success") is False)
+    """The sweep client's POST /reset_prefix_cache (sweep.point.client), for the runs of vLLM's client."""
+    from sweep.point.client import ClientConfig, make_session
+    from sweep.point.client import reset_prefix_cache as post_reset
+
+    async def reset() -> bool:
+        async with make_session() as session:
+            return await post_reset(session, ClientConfig(url=cfg.url + "/v1", model=cfg.model, api_key=cfg.api_key))
+
+    return asyncio.run(reset())
 
 
 def read_vllm(result_dir: Path, num_prompts: int) -> dict[str, Any]:
