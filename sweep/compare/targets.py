@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import KnobSpec, engine_knobs, knob_args
+from sweep.run.launcher import escape
 from sweep.run.vllm_engine import refused_vllm_knobs, serve_template, vllm_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -185,11 +186,6 @@ def checkout(ref: str) -> Iterator[Path]:
         _git("worktree", "remove", "--force", str(path))
 
 
-def escape(text: str) -> str:
-    """`text` inside a launch template: its braces are literal."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def llama_cpp_command(gguf: Path, alias: str, port: int | str, threads: int, n_ctx: int) -> list[str]:
     return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
@@ -253,10 +249,9 @@ def launch_template(target: Target, model: str, knobs: dict[str, Any], worktree:
     if target.kind == "ref":
         assert worktree is not None
         argv = ["env", f"PYTHONPATH={worktree}", sys.executable, "-P", "-m", "cli", "serve"]
-        head = " ".join(shlex.quote(escape(a)) for a in argv) + " {model} --host {host} --port {port}"
-        return " ".join([head, *(shlex.quote(escape(a)) for a in knob_args(knobs)), *extra])
-    if target.kind == "engine" and extra:
+    elif target.kind == "engine" and extra:
         argv = [sys.executable, "-m", "cli", "serve"]
-        head = " ".join(shlex.quote(escape(a)) for a in argv) + " {model} --host {host} --port {port}"
-        return " ".join([head, *(shlex.quote(escape(a)) for a in knob_args(knobs)), *extra])
-    return None
+    else:
+        return None
+    head = " ".join(shlex.quote(escape(a)) for a in argv) + " {model} --host {host} --port {port}"
+    return " ".join([head, *(shlex.quote(escape(a)) for a in knob_args(knobs)), *extra])

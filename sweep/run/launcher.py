@@ -63,6 +63,11 @@ def builtin_command(model: str, host: str, port: int, knobs: dict[str, Any]) -> 
     return [sys.executable, "-m", "cli", "serve", model, "--host", host, "--port", str(port), *knob_args(knobs)]
 
 
+def escape(text: str) -> str:
+    """`text` inside a launch template: its braces are literal."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def template_command(template: str, model: str, host: str, port: int, knobs: dict[str, Any]) -> list[str]:
     values = {k: ("true" if v is True else "false" if v is False else v) for k, v in knobs.items()}
     try:

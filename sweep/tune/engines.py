@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.run import vllm_engine
+from sweep.run.launcher import escape
 from sweep.run.vllm_engine import VLLM_KNOBS, check_vllm_model, refused_vllm_knobs
 
 __all__ = ["VLLM_KNOBS", "check_vllm_model"]  # re-exported: tune and its tests read them here
@@ -60,7 +61,7 @@ def preset(engine: str, vllm_executable: str | None = None, vllm_args: str | Non
     # The served name is the model string, the one the sweep's client sends as `model` in every request.
     template = vllm_engine.serve_template(vllm_command(vllm_executable)) + " {knob_flags}"
     if extra:
-        template += " " + shlex.join(extra).replace("{", "{{").replace("}", "}}")
+        template += " " + escape(shlex.join(extra))
     return EnginePreset(engine, launch_command=template)
 
 
