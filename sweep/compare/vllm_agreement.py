@@ -115,8 +115,10 @@ def read_vllm(result_dir: Path, num_prompts: int) -> dict[str, Any]:
     return {key: float(data[key]) for key in FIGURES}
 
 
-def read_servelab(run_dir: Path, concurrency: int, num_prompts: int) -> dict[str, Any]:
-    point = json.loads((run_dir / "points" / f"c{concurrency:04d}.json").read_text())
+def read_servelab(run_dir: Path, num_prompts: int) -> dict[str, Any]:
+    """The figures of the one point a run of `servelab_command` measured (whatever its label)."""
+    (point_file,) = (run_dir / "points").glob("*.json")
+    point = json.loads(point_file.read_text())
     if point.get("completed") != num_prompts:
         raise AgreementError(f"bench sweep completed {point.get('completed')} of {num_prompts} requests; see "
                              f"{run_dir}")  # fmt: skip
@@ -175,7 +177,7 @@ def run_agreement(cfg: AgreementConfig, say: Callable[[str], None] = print) -> d
                     reset = None  # the sweep resets it itself and records whether that worked
                     command = servelab_command(cfg, c, seed, where)
                     run_client(command, where.with_suffix(".log"))
-                    figures = read_servelab(where, c, cfg.num_prompts)
+                    figures = read_servelab(where, cfg.num_prompts)
                 runs.append({"round": r, "concurrency": c, "client": client, "seed": seed, "command":
                              shlex.join(command), "prefix_cache_reset": reset, "figures": figures})  # fmt: skip
     result = {"config": {**asdict(cfg), "output_dir": str(cfg.output_dir), "api_key": None},
