@@ -22,6 +22,7 @@ from sweep.cli_options import (
 )
 from sweep.mock.machine_speed import host_warnings
 from sweep.run.results import CONFIG
+from sweep.run.run_info import openai_base_url
 
 
 @with_engine_knobs
@@ -100,7 +101,8 @@ def sweep(
         rich_help_panel=LOAD_PANEL,
     ),
     url: str | None = typer.Option(
-        None, help="OpenAI base URL, e.g. http://HOST:PORT/v1; omit to launch the built-in engine."
+        None, help="OpenAI base URL, e.g. http://HOST:PORT/v1 (a bare http://HOST:PORT means its /v1); omit to "
+        "launch the built-in engine."
     ),
     model: str = knob_option(
         "model", "smollm2-135m", help="Model name (sent in requests; the built-in engine loads it)."
@@ -211,7 +213,7 @@ def sweep(
                 "conversations": str(conversations) if conversations is not None else None,
             },
             output_dir=output_dir,
-            url=url,
+            url=openai_base_url(url) if url is not None else None,
             model=model,
             tokenizer=tokenizer,
             api_key=api_key,

@@ -9,6 +9,7 @@ import os
 import platform
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
@@ -109,8 +110,16 @@ def client_fidelity(run: PointRun) -> dict[str, Any]:
     return out
 
 
+def openai_base_url(url: str) -> str:
+    """The OpenAI base URL the client posts under: a URL with no path is a server's root, and gets `/v1` (as vLLM's
+    `bench serve --base-url` does); one with a path is kept as given, less a trailing slash."""
+    url = url.rstrip("/")
+    return url + "/v1" if urllib.parse.urlsplit(url).path == "" else url
+
+
 def check_reachable(url: str, api_key: str | None) -> None:
-    """GET {url}/models: an unreachable server or a rejected key fails before any file is written."""
+    """GET {url}/models: an unreachable server, a rejected key or a URL with no OpenAI API under it (404) fails
+    before any file is written."""
     request = urllib.request.Request(url.rstrip("/") + "/models")
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
@@ -119,6 +128,9 @@ def check_reachable(url: str, api_key: str | None) -> None:
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise RuntimeError(f"{url} rejected the API key (HTTP {e.code}); pass --api-key") from None
+        if e.code == 404:
+            raise TargetUnhealthy(f"{url} has no OpenAI API: GET {url}/models answered 404; the base URL is the "
+                                  "path the API lives under, usually http://HOST:PORT/v1") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise TargetUnhealthy(f"cannot reach {url}: {reason}; is the server up, and is the URL's /v1 right?") from None

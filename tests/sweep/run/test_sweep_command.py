@@ -71,6 +71,24 @@ def test_bad_flags_fail_clearly(tmp_path: Path) -> None:
         assert not (tmp_path / name).exists()  # nothing written for a run that could not start
 
 
+def test_a_server_root_url_means_its_v1_and_a_path_without_the_api_is_a_clear_error(tmp_path: Path) -> None:
+    """`--url http://HOST:PORT` is the server's root, as vLLM's `bench serve --base-url` takes it: the sweep posts
+    under its /v1. A path with no OpenAI API under it (GET .../models is a 404) fails before anything is written,
+    rather than as a run of 404 failures."""
+    common = ["--model", "mock", "--tokenizer", "tiny-random", "--no-report", "--no-calibration", "--workload",
+              "fixed", "--input-len", "8", "--output-len", "2", "--num-prompts", "2", "--concurrency", "1"]
+    with start_mock(1.0, 1.0, tmp_path / "mock.log") as mock:
+        root = mock.url.removesuffix("/v1")
+        served = bench("sweep", "--url", root, *common, "--output-dir", str(tmp_path / "root"))
+        wrong = bench("sweep", "--url", root + "/api", *common, "--output-dir", str(tmp_path / "wrong"))
+    assert served.returncode == 0, served.stderr[-3000:]
+    point = json.loads((tmp_path / "root" / "points" / "c0001.json").read_text())
+    assert point["completed"] == 2 and point["failed"] == 0
+    assert json.loads((tmp_path / "root" / "config.json").read_text())["target"]["url"] == root + "/v1"
+    assert wrong.returncode == 2 and "has no OpenAI API" in wrong.stderr and "/v1" in wrong.stderr
+    assert not (tmp_path / "wrong").exists()
+
+
 @pytest.mark.slow
 def test_sweep_builtin_engine_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
