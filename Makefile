@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test test test-fast lint bench model clean gpu-check vllm
+.PHONY: install install-test test test-fast test-vllm lint bench model clean gpu-check vllm
 
 # The product alone: what `make bench` needs (no test extra, nothing compiled at install).
 $(STAMP): pyproject.toml Makefile
@@ -99,6 +99,13 @@ $(VLLM_STAMP):
 vllm: install $(VLLM_STAMP)
 	@echo "[vllm-model] $(BENCH_MODEL) as an HF directory in $(VLLM_MODEL_DIR)"
 	$(VENV)/bin/bench model export-hf $(BENCH_MODEL) --output-dir $(VLLM_MODEL_DIR)
+
+# The tests that run real vLLM (they skip in `make test` where `make vllm` has not run): `vllm serve` swept with its
+# /metrics and prefix-cache reset, vLLM's `bench serve` against `bench serve`, a real-vLLM tune with a refused trial.
+# About 5 minutes on two cores after the install (3.5 GiB; ~3 minutes with a warm pip cache, ~8 cold).
+VLLM_TESTS = $(shell grep -rl --include='test_*.py' '@requires_real_vllm' tests)
+test-vllm: install-test vllm
+	$(PY) -m pytest -q -m real_vllm --durations=10 $(VLLM_TESTS)
 
 # On a CUDA machine: every Triton kernel vs torch, greedy output vs HF, decode vs the HBM roofline (a few minutes).
 gpu-check: model

