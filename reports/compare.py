@@ -251,7 +251,7 @@ def _gate_config(options: GateOptions) -> Any:
 def gate_targets(runs: dict[str, Path], options: GateOptions) -> list[GateVerdict]:
     """The gate of the first run (the baseline) against each other one."""
     from reports.gate import run_gate
-    from reports.gate import to_markdown as gate_markdown
+    from reports.gate_output import to_markdown as gate_markdown
     from reports.importers import load_run
 
     config = _gate_config(options)
@@ -265,6 +265,6 @@ def gate_targets(runs: dict[str, Path], options: GateOptions) -> list[GateVerdic
 
 
 def write_junit(verdict: GateVerdict, path: Path) -> Path:
-    from reports.gate import write_junit as write
+    from reports.gate_output import write_junit as write
 
     return write(verdict.result, path)
