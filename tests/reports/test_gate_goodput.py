@@ -134,3 +134,22 @@ def test_to_json_writes_no_nan() -> None:
     data = to_json(run_gate(run, skipped, GateConfig(metrics=("failure_rate",))), "a", "b")
     (row,) = [r for r in data["comparisons"] if r["metric"] == "saturated"]
     assert row["change"] is None and row["failed"] is True and json.dumps(data, allow_nan=False)
+
+
+def test_bench_compare_s_gate_judges_goodput_at_its_max_regression(tmp_path) -> None:
+    import shutil
+
+    from reports.compare import GateOptions, gate_targets
+
+    base = synthetic_run_dir(tmp_path / "base", seed=4, loads=[1], num_prompts=200)
+    slow = tmp_path / "slow"
+    shutil.copytree(base, slow)
+    for path in (slow / "points").glob("*.json"):  # the same requests over 1.4 x the time
+        point = json.loads(path.read_text())
+        path.write_text(json.dumps({**point, "duration": point["duration"] * 1.4}))
+    slo = parse_slo("e2el=600000")
+    (verdict,) = gate_targets({"base": base, "slow": slow}, GateOptions(metric="failure_rate", slo=slo))
+    assert not verdict.passed and "| c0001 | request_goodput | " in verdict.table
+    (verdict,) = gate_targets({"base": base, "slow": slow},
+                              GateOptions(metric="failure_rate", slo=slo, max_regression="40%"))  # fmt: skip
+    assert verdict.passed  # a 29 % drop is within a 40 % --max-regression
