@@ -55,15 +55,13 @@ def goodput_groups(
     gives no array."""
     rows = run.point_requests(label)
     durations = _repeat_durations(run, label)
-    if "repeat" in rows and rows["repeat"].notna().any():
-        parts = [(int(k), part) for k, part in rows.groupby("repeat", sort=True)]
-    else:
-        parts = [(0, rows)]
-    total = sum(len(part) for _, part in parts) or 1
+    repeated = "repeat" in rows and rows["repeat"].notna().any()
+    parts = [part for _, part in rows.groupby("repeat", sort=True)] if repeated else [rows]
+    total = sum(len(part) for part in parts) or 1
     groups: dict[str | None, list[np.ndarray]] = {request_class: [] for request_class in classes}
-    for repeat, part in parts:
+    for position, part in enumerate(parts):  # the k-th repeat's rows, the k-th of the point's `repeats`
         # points without per-repeat durations: each repeat gets its share of the pooled duration
-        duration = durations[repeat] if len(durations) == len(parts) else durations[0] * len(part) / total
+        duration = durations[position] if len(durations) == len(parts) else durations[0] * len(part) / total
         good = good_mask(part, slo).astype(float)
         for request_class in classes:
             values = good if request_class is None else good[_class_members(part, request_class)]

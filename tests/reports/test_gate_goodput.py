@@ -94,6 +94,10 @@ def test_repeats_use_each_repeat_s_duration() -> None:
     (first, second) = goodput_groups(run, "c0001", SLO, [None])[None]
     good = [int(goodput(rows, 1.0, SLO)[0]) for _, rows in run.requests.groupby("repeat")]
     assert first.mean() == pytest.approx(good[0] / 2.0) and second.mean() == pytest.approx(good[1] / 4.0)
+    result = run_gate(run, run, GateConfig(metrics=("failure_rate",), slo=normalize_slo({"e2el": 600000})))
+    (row,) = _rows(result, "request_goodput").values()
+    assert result.passed and row.noise_floor is None and row.n_baseline == 40  # repeats: no floor needed
+    assert row.baseline == pytest.approx((good[0] / 2.0 + good[1] / 4.0) / 2)  # 20 requests each
 
 
 def test_the_p_value_is_for_a_drop() -> None:
