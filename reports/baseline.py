@@ -76,7 +76,7 @@ def blessed_point_stats(run: RunData) -> dict[str, dict[str, float]]:
     out = {}
     for label in run.points["label"]:
         latencies = request_latencies(run.point_requests(label))
-        names = ("ttft", "tpot", "e2el", "max_stall")
+        names = ("ttft", "tpot", "e2el", "itl_p99", "max_stall")
         columns = {name: latencies[f"{name}_ms"].to_numpy(dtype=float) for name in names}
         out[label] = point_stats(columns)
     return out

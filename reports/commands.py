@@ -89,20 +89,24 @@ def gate(
         False, "--update-baseline", help="Bless --candidate into --baseline-store (records its config) and exit."
     ),
     metric: str = typer.Option(
-        "ttft_p90,tpot_p50,failure_rate", help="Comma-separated <ttft|tpot|itl|e2el|max_stall>_<mean|median|pNN> or "
-        "failure_rate (itl: pooled chunk gaps; max_stall: each request's longest gap)."
+        "ttft_p90,tpot_p50,failure_rate", help="Comma-separated <ttft|tpot|itl|e2el|itl_p99|max_stall>_<mean|median|"
+        "pNN> or failure_rate (itl: pooled chunk gaps; itl_p99: each request's own p99 gap, e.g. itl_p99_p95; "
+        "max_stall: each request's longest gap)."
     ),
     max_regression: str = typer.Option("5%", help="Fail only above this relative slow-down, e.g. 5% or 0.05."),
     max_failure_increase: str = typer.Option(
         "0%", help="failure_rate: fail only above this increase in percentage points, e.g. 1%."
     ),
     slo: str | None = typer.Option(
-        None, help="Also gate SLO attainment under this SLO (ms), as for bench sweep: ttft, tpot, e2el, itl_p99, "
-        "max_stall, valid, per request class ('e2el=30000;interactive:ttft=500'): a slo_attainment row per point, "
-        "and one per class."
+        None, help="Also gate SLO attainment and goodput under this SLO (ms), as for bench sweep: ttft, tpot, e2el, "
+        "itl_p99, max_stall, valid, per request class ('e2el=30000;interactive:ttft=500'): slo_attainment and "
+        "request_goodput rows per point, and per class."
     ),
     max_attainment_drop: str = typer.Option(
         "0%", help="slo_attainment: fail only above this drop in percentage points, e.g. 2%."
+    ),
+    max_goodput_drop: str = typer.Option(
+        "5%", help="request_goodput (with --slo): fail only above this relative drop, e.g. 10% or 0.1."
     ),
     ignore_workload: bool = typer.Option(
         False, "--ignore-workload", help="Skip the same-workload check (e.g. a vLLM result against a sweep)."
@@ -116,6 +120,9 @@ def gate(
     ),
     junit_xml: Path | None = typer.Option(None, help="Write JUnit XML (one test case per metric and point)."),
     markdown: Path | None = typer.Option(None, help="Also write the Markdown table here (for a PR comment)."),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Also write the verdict as JSON (config, notes, every row's figures)."
+    ),
     note: str | None = typer.Option(None, help="When blessing: a note stored in the manifest."),
     bless_if_missing: bool = typer.Option(
         False, "--bless-if-missing", help="With --baseline-store: when the store holds no baseline yet (a first CI "
@@ -157,6 +164,7 @@ def gate(
             noise_floor=parse_threshold(noise_floor) if noise_floor is not None else None,
             slo=normalize_slo(parse_slo(slo)),
             max_attainment_drop=parse_threshold(max_attainment_drop),
+            max_goodput_drop=parse_threshold(max_goodput_drop),
         )
         if slo is not None and not config.slo:
             _error(f"--slo {slo!r} sets no limit")
@@ -175,12 +183,15 @@ def gate(
         result = run_gate(base_run, cand_run, config, store=baseline_store)
     except (RunInputError, GateInputError, ValueError) as exc:
         _error(str(exc))
-    _emit(result, str(base_path), str(candidate), markdown, junit_xml)
+    _emit(result, str(base_path), str(candidate), markdown, junit_xml, json_out)
 
 
-def _emit(result: GateResult, base_name: str, cand_name: str, markdown: Path | None, junit_xml: Path | None) -> None:
-    """Print the gate's table, write --markdown / --junit-xml, and exit with the verdict's code."""
-    from reports.gate import to_markdown, write_junit
+def _emit(
+    result: GateResult, base_name: str, cand_name: str, markdown: Path | None, junit_xml: Path | None,
+    json_out: Path | None,
+) -> None:
+    """Print the gate's table, write --markdown / --junit-xml / --json, and exit with the verdict's code."""
+    from reports.gate_output import to_markdown, write_json, write_junit
 
     table = to_markdown(result, base_name, cand_name)
     typer.echo(table)
@@ -189,6 +200,8 @@ def _emit(result: GateResult, base_name: str, cand_name: str, markdown: Path | N
         markdown.write_text(table)
     if junit_xml is not None:
         write_junit(result, junit_xml)
+    if json_out is not None:
+        write_json(result, base_name, cand_name, json_out)
     raise typer.Exit(GATE_EXIT_PASS if result.passed else GATE_EXIT_FAIL)
 
 

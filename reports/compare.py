@@ -49,7 +49,7 @@ class GateOptions:
     max_regression: str = "10%"
     alpha: float = 0.05
     noise_floor: str | None = None
-    slo: dict[str, float] | None = None  # ms (parse_slo): slo_attainment rows per point and class (reports/gate_slo.py)
+    slo: dict[str, float] | None = None  # ms (parse_slo): slo_attainment and request_goodput rows per point and class
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,7 @@ def _gate_config(options: GateOptions) -> Any:
     config = GateConfig(
         metrics=tuple(m.strip() for m in options.metric.split(",") if m.strip()),
         max_regression=parse_threshold(options.max_regression),
+        max_goodput_drop=parse_threshold(options.max_regression),  # goodput rows: the same relative threshold
         alpha=options.alpha,
         noise_floor=parse_threshold(options.noise_floor) if options.noise_floor is not None else None,
         slo=normalize_slo(options.slo),
@@ -251,7 +252,7 @@ def _gate_config(options: GateOptions) -> Any:
 def gate_targets(runs: dict[str, Path], options: GateOptions) -> list[GateVerdict]:
     """The gate of the first run (the baseline) against each other one."""
     from reports.gate import run_gate
-    from reports.gate import to_markdown as gate_markdown
+    from reports.gate_output import to_markdown as gate_markdown
     from reports.importers import load_run
 
     config = _gate_config(options)
@@ -265,6 +266,6 @@ def gate_targets(runs: dict[str, Path], options: GateOptions) -> list[GateVerdic
 
 
 def write_junit(verdict: GateVerdict, path: Path) -> Path:
-    from reports.gate import write_junit as write
+    from reports.gate_output import write_junit as write
 
     return write(verdict.result, path)

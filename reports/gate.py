@@ -13,24 +13,26 @@ failing its slow requests. A rate point the candidate over-saturated (sweep.poin
 unless the baseline saturated there too, and so does a point the candidate skipped because a lower load saturated
 (`--stop-when-saturated`): past capacity its latencies measure a queue, so the load itself is the regression.
 With an SLO (`--slo`, per-token and per-class keys included) every point also gets `slo_attainment` rows, overall
-and per request class (reports/gate_slo.py), that fail on a significant drop above `max_attainment_drop`.
+and per request class (reports/gate_slo.py), that fail on a significant drop above `max_attainment_drop`, and
+`request_goodput` rows (requests/s that met the SLO, reports/gate_goodput.py), bootstrapped like the latency rows,
+that fail on a significant relative drop above `max_goodput_drop`. reports/gate_output.py writes the verdict.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from reports.gate_goodput import GOODPUT, goodput_groups, goodput_metric, is_goodput
 from reports.gate_noise import calibration_gap, history_noise_floor, statistic
-from reports.gate_slo import attainment_tests, is_attainment
+from reports.gate_slo import ATTAINMENT, attainment_tests, gate_classes, is_attainment
 from reports.gate_stats import compare_failures, compare_groups, holm
 from reports.importers import RunData
-from reports.recompute import LATENCY_METRICS, cancelled_mask, format_slo, pooled_itl_ms, request_latencies
+from reports.recompute import LATENCY_METRICS, cancelled_mask, pooled_itl_ms, request_latencies
 from sweep.point.saturation import is_saturated
 
 # Workload keys allowed to differ between baseline and candidate: the per-run prompt salt exists
@@ -57,6 +59,7 @@ class GateConfig:
     check_workload: bool = True  # off to compare across tools, whose workload records differ
     slo: dict[str, float] | None = None  # ms, sweep keys (parse_slo): adds slo_attainment rows (reports/gate_slo.py)
     max_attainment_drop: float = 0.0  # absolute, for the slo_attainment rows: 0.02 = two percentage points
+    max_goodput_drop: float = 0.05  # relative, for the request_goodput rows (with an slo): 0.05 = 5 %
 
 
 @dataclass
@@ -89,18 +92,31 @@ class GateResult:
         return not any(c.failed for c in self.comparisons)
 
 
+def valid_metrics() -> str:
+    """Every gate metric spelling, for help texts and errors."""
+    return (
+        "ttft_<stat>, tpot_<stat>, itl_<stat> (every chunk gap, pooled: vLLM's ITL), e2el_<stat>, "
+        "itl_p99_<stat> (each request's own p99 chunk gap, the itl_p99 SLO's quantity), max_stall_<stat> (each "
+        "request's longest chunk gap, the max_stall SLO's), with <stat> = mean, median or pNN over the requests "
+        f"(e.g. tpot_p50, itl_p99_p95, max_stall_p99); or {FAILURE_RATE}"
+    )
+
+
 def parse_metric(spec: str) -> tuple[str, str | float]:
     """`ttft_p90` -> ("ttft", 90.0); `tpot_p99.9`; `e2el_median` -> 50.0; `itl_mean` -> "mean";
+    the per-request gap metrics, named by their SLO key and then a statistic over the requests: `itl_p99_p95` ->
+    ("itl_p99", 95.0) (the p95 of each request's own p99 chunk gap; plain `itl_p99` is the pooled ITL's p99) and
     `max_stall_p99` -> ("max_stall", 99.0) (each request's longest chunk gap);
     `failure_rate` -> ("failure_rate", "rate")."""
-    if spec.strip().lower() == FAILURE_RATE:
+    text = spec.strip().lower()
+    if text == FAILURE_RATE:
         return FAILURE_RATE, "rate"
-    match = re.fullmatch(rf"({'|'.join(LATENCY_METRICS)})_(mean|median|p\d+(?:\.\d+)?)", spec.strip().lower())
+    # a full match is unambiguous: itl_p99_p95 is the per-request itl_p99's p95, itl_p99 the pooled ITL's p99
+    match = re.fullmatch(rf"({'|'.join(LATENCY_METRICS)})_(mean|median|p\d+(?:\.\d+)?)", text)
     if not match:
-        raise GateInputError(
-            f"unknown gate metric {spec!r}: use <{'|'.join(LATENCY_METRICS)}>_<mean|median|pNN> (e.g. tpot_p50) "
-            f"or {FAILURE_RATE}"
-        )
+        rows = text.startswith((GOODPUT, ATTAINMENT))
+        hint = " (request_goodput and slo_attainment rows come with --slo)" if rows else ""
+        raise GateInputError(f"unknown gate metric {spec!r}: the gate metrics are {valid_metrics()}{hint}")
     name, stat = match.groups()
     if stat == "mean":
         return name, "mean"
@@ -226,9 +242,12 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
     has one repeat and `config.noise_floor` is not set."""
     labels = check_comparable(baseline, candidate, config.check_workload)
     metrics = [(spec, *parse_metric(spec)) for spec in config.metrics]
-    # The smallest bootstrap p-value is 1/(n_boot+1); Holm multiplies it by the number of tests, so
-    # keep enough resamples that a clear regression can still reach significance.
-    needed = math.ceil(4 * len(labels) * len(metrics) / config.alpha)
+    classes = gate_classes(baseline, candidate, config.slo) if config.slo else []
+    # The smallest bootstrap p-value is 1/(n_boot+1); Holm multiplies it by the number of tests (with an SLO, an
+    # attainment and a goodput row per point and class), so keep enough resamples that a clear regression can
+    # still reach significance.
+    tests = len(metrics) + (2 * (1 + len(classes)) if config.slo else 0)
+    needed = math.ceil(4 * len(labels) * tests / config.alpha)
     config = replace(config, n_boot=max(config.n_boot, needed))
     rng = np.random.default_rng(config.seed)
     result = GateResult(config, repeats=(num_repeats(baseline), num_repeats(candidate)))
@@ -276,18 +295,61 @@ def run_gate(baseline: RunData, candidate: RunData, config: GateConfig, store: P
     for label, spec, values, n_base, n_cand in attainment_tests(baseline, candidate, labels, config.slo or {},
                                                                  config.alpha):
         result.comparisons.append(Comparison(label, spec, *values, n_base, n_cand))
+    if config.slo:
+        result.comparisons += goodput_comparisons(baseline, candidate, labels, [None, *classes], config, rng,
+                                                  unwidened)
     tested = [c for c in result.comparisons if not c.note]
     for comp, adjusted in zip(tested, holm([c.p_value for c in tested]), strict=True):
         comp.p_adjusted = adjusted
         significant = adjusted <= config.alpha
-        limit = config.max_failure_increase if comp.metric == FAILURE_RATE else config.max_regression
-        worse = -comp.change if is_attainment(comp.metric) else comp.change  # attainment: a drop is the regression
-        comp.failed = significant and worse > (config.max_attainment_drop if is_attainment(comp.metric) else limit)
+        worse, limit = _regression(comp, config)
+        comp.failed = significant and worse > limit
         if significant and not comp.failed and worse > 0:
             comp.note = "significant but within the threshold"
     result.comparisons += saturation_comparisons(baseline, candidate)
     result.notes = _notes(result, baseline, candidate, unwidened)
     return result
+
+
+def goodput_comparisons(
+    baseline: RunData,
+    candidate: RunData,
+    labels: list[str],
+    classes: list[str | None],
+    config: GateConfig,
+    rng: np.random.Generator,
+    unwidened: list[str],
+) -> list[Comparison]:
+    """The `request_goodput` rows under `config.slo`, per point and class (None: every request), bootstrapped as
+    the latency rows are (reports/gate_goodput.py); a class with no request in either run at a point gets none.
+    Appends the rows of a side measured once without a noise floor to `unwidened`."""
+    out = []
+    for label in labels:
+        base_groups = goodput_groups(baseline, label, config.slo or {}, classes)
+        cand_groups = goodput_groups(candidate, label, config.slo or {}, classes)
+        for request_class in classes:
+            base, cand = base_groups[request_class], cand_groups[request_class]
+            if not base or not cand:
+                continue
+            metric = goodput_metric(request_class)
+            floor = config.noise_floor if 1 in (len(base), len(cand)) else None
+            if floor is None and 1 in (len(base), len(cand)):
+                unwidened.append(f"{label} {metric}")
+            values = compare_groups(base, cand, "mean", config, rng, floor, higher_is_better=True)
+            n_base, n_cand = sum(g.size for g in base), sum(g.size for g in cand)
+            out.append(Comparison(label, metric, *values, n_baseline=n_base, n_candidate=n_cand, noise_floor=floor))
+    return out
+
+
+def _regression(comp: Comparison, config: GateConfig) -> tuple[float, float]:
+    """(how much worse the candidate is, the most the row allows): attainment and goodput regress by dropping."""
+    if is_attainment(comp.metric):
+        return -comp.change, config.max_attainment_drop
+    if is_goodput(comp.metric):
+        return -comp.change, config.max_goodput_drop
+    if comp.metric == FAILURE_RATE:
+        return comp.change, config.max_failure_increase
+    return comp.change, config.max_regression
 
 
 def _speed(run: RunData) -> dict | None:
@@ -319,74 +381,3 @@ def _notes(result: GateResult, baseline: RunData, candidate: RunData, unwidened:
                 f"{threshold:.0%} threshold); a verdict between different machine states is unreliable"
             )
     return notes
-
-
-def _pct(x: float) -> str:
-    return "–" if math.isnan(x) else ("+inf" if math.isinf(x) else f"{x * 100:+.1f}%")
-
-
-def _value(c: Comparison, x: float) -> str:
-    if c.metric == SATURATED:
-        return "skipped" if math.isnan(x) else "saturated" if x else "not saturated"
-    if is_attainment(c.metric):
-        return f"{x * 100:.1f}% met"
-    return f"{x * 100:.1f}% failed" if c.metric == FAILURE_RATE else f"{x:.2f} ms"
-
-
-def _change(c: Comparison, x: float) -> str:
-    in_points = c.metric == FAILURE_RATE or is_attainment(c.metric)
-    return f"{x * 100:+.1f} pp" if in_points and not math.isnan(x) else _pct(x)
-
-
-def to_markdown(result: GateResult, baseline_name: str, candidate_name: str) -> str:
-    cfg = result.config
-    verdict = "PASS" if result.passed else "FAIL"
-    lines = [
-        f"### bench gate: {verdict}",
-        "",
-        f"Baseline `{baseline_name}` vs candidate `{candidate_name}`; fails on a regression above "
-        f"{cfg.max_regression:.1%} that is significant at alpha={cfg.alpha} (Holm-adjusted over "
-        f"{len(result.comparisons)} tests; {cfg.n_boot} bootstrap resamples, seed {cfg.seed}). "
-        f"failure_rate fails on a significant increase above {cfg.max_failure_increase * 100:g} percentage points. "
-        + (f"slo_attainment (SLO: {format_slo(cfg.slo)}) fails on a significant drop above "
-           f"{cfg.max_attainment_drop * 100:g} percentage points. " if cfg.slo else "")
-        + f"Repeats: baseline {result.repeats[0]}, candidate {result.repeats[1]}.",
-        "",
-        *[f"> ⚠️ {note}" for note in result.notes],
-        *([""] if result.notes else []),
-        f"| point | metric | baseline | candidate | change | {100 * (1 - cfg.alpha):g}% CI | p (Holm) | n base/cand "
-        "| result |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in result.comparisons:
-        status = "❌ regression" if c.failed else ("✅ pass" + (f" ({c.note})" if c.note else ""))
-        if c.failed and c.note:
-            status += f" ({c.note})"
-        p = "–" if math.isnan(c.p_adjusted) else f"{c.p_adjusted:.3g}"
-        lines.append(
-            f"| {c.point} | {c.metric} | {_value(c, c.baseline)} | {_value(c, c.candidate)} | {_change(c, c.change)} | "
-            f"[{_change(c, c.ci_low)}, {_change(c, c.ci_high)}] | {p} | {c.n_baseline}/{c.n_candidate} | {status} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_junit(result: GateResult, path: Path) -> Path:
-    """JUnit XML: one test case per (metric, point); a failed case carries the figures."""
-    failures = sum(c.failed for c in result.comparisons)
-    suites = ET.Element("testsuites", name="bench gate", tests=str(len(result.comparisons)), failures=str(failures))
-    suite = ET.SubElement(suites, "testsuite", name="bench gate", tests=str(len(result.comparisons)),
-                          failures=str(failures), errors="0", skipped="0")
-    for c in result.comparisons:
-        case = ET.SubElement(suite, "testcase", classname=f"gate.{c.point}", name=c.metric, time="0")
-        summary = (f"{c.metric} at {c.point}: {_value(c, c.baseline)} -> {_value(c, c.candidate)} "
-                   f"({_change(c, c.change)}, CI [{_change(c, c.ci_low)}, {_change(c, c.ci_high)}], "
-                   f"Holm p={c.p_adjusted:.3g}) {c.note}").strip()
-        if c.failed:
-            message = f"regression {_change(c, c.change)}"
-            ET.SubElement(case, "failure", message=message, type="regression").text = summary
-        else:
-            ET.SubElement(case, "system-out").text = summary
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
-    return path

@@ -32,8 +32,10 @@ def compare_groups(
     config: GateConfig,
     rng: np.random.Generator,
     noise_floor: float | None = None,
+    higher_is_better: bool = False,
 ) -> tuple[float, float, float, float, float, float]:
-    """(baseline stat, candidate stat, relative change, CI low, CI high, one-sided p for a regression).
+    """(baseline stat, candidate stat, relative change, CI low, CI high, one-sided p for a regression: an increase,
+    or a drop with `higher_is_better` (goodput)).
 
     Each side's bootstrap resamples its repeats, then requests within them; a side with one repeat gets the
     between-run `noise_floor` added instead (see reports/gate_noise.py)."""
@@ -52,7 +54,8 @@ def compare_groups(
     if not changes.size:
         return base_value, cand_value, change, math.nan, math.nan, 1.0
     low, high = np.percentile(changes, [100 * config.alpha / 2, 100 * (1 - config.alpha / 2)])
-    p_value = (np.count_nonzero(changes <= 0.0) + 1) / (changes.size + 1)
+    no_regression = changes >= 0.0 if higher_is_better else changes <= 0.0
+    p_value = (np.count_nonzero(no_regression) + 1) / (changes.size + 1)
     return base_value, cand_value, float(change), float(low), float(high), float(p_value)
 
 

@@ -33,7 +33,8 @@ Request classes (per-class SLOs): a generic CSV/JSONL trace's `class` column, el
 (its file stem for a path), in RequestSpec.request_class.
 Multi-turn conversation files (ShareGPT, LMSYS-Chat-1M, OpenAI messages) for session workloads: workloads.conversations.
 Prompt text sent as it is (not lengths): the TEXT_WORKLOADS (copy-heavy), `prompts:FILE` and the shipped prompt sets
-(servelab-prompts) of workloads.prompt_files; is_text_workload(name) tells them apart, and load() refuses them.
+(servelab-prompts) of workloads.prompt_files, and mixtures with a prompt-file component (workloads.text_mixtures);
+is_text_workload(name) tells them apart, and load() refuses them.
 Replay a timed mix with arrivals.replay([s.timestamp for s in specs], time_scale=..., tick_s=3 for Mooncake).
 
 Deviations from the first API sketch (workloads_contract.md), all additive: RequestSpec has prefix_len and
@@ -53,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads import arrivals, copy_heavy, mixes, prefix, prompt_files, structured, synthetic
+from workloads import arrivals, copy_heavy, mixes, prefix, prompt_files, structured, synthetic, text_mixtures
 from workloads.fidelity import fidelity
 from workloads.fit import FIT_POLICIES, fit_to_model
 from workloads.loaders import load_trace
@@ -84,6 +85,7 @@ __all__ = [
     "load_texts",
     "is_text_workload",
     "prompt_files",
+    "text_mixtures",
 ]
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -176,20 +178,20 @@ def load_texts(name: str, *, num_requests: int, seed: int = 0, output_len: int =
 
 
 def is_text_workload(name: str) -> bool:
-    """Whether `name` is sent as text (TEXT_WORKLOADS, `prompts:FILE` or a shipped prompt set), not as lengths."""
-    return name in TEXT_WORKLOADS or prompt_files.is_prompt_workload(name)
+    """Whether `name` is sent as text (TEXT_WORKLOADS, `prompts:FILE`, a shipped prompt set, or a mixture with a
+    prompt-file component: workloads.text_mixtures), not as lengths."""
+    return name in TEXT_WORKLOADS or prompt_files.is_prompt_workload(name) or text_mixtures.is_text_mixture(name)
 
 
 def _mixture(spec: str, num_requests: int, seed: int) -> list[RequestSpec]:
-    components, names = [], []
-    for part in spec.split(","):
-        name, _, weight = part.partition("=")
+    parsed = text_mixtures.parse_components(spec)
+    components = []
+    for component in parsed:
         try:
-            components.append((load(name.strip(), seed=seed), float(weight) if weight else 1.0))
+            components.append((load(component.source, seed=seed), component.weight))
         except ValueError as error:
-            raise ValueError(f"mixture component {part!r}: {error}") from None
-        names.append(Path(name.strip()).stem if Path(name.strip()).expanduser().is_file() else name.strip())
-    return synthetic.mixture(components, num_requests, seed, names)
+            raise ValueError(f"mixture component {component.source!r}: {error}") from None
+    return synthetic.mixture(components, num_requests, seed, [component.name for component in parsed])
 
 
 def load(
@@ -223,6 +225,11 @@ def load(
             raise ValueError(f"{name!r} does not take option(s) {unknown}; it takes {accepted}")
         n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
         specs = generator(n, seed, input_len, output_len, range_ratio, **options)
+    elif text_mixtures.is_text_mixture(name):
+        raise ValueError(
+            f"{name!r} mixes in a prompt file: its lengths come from the text and the target's tokenizer "
+            "(bench sweep --workload, bench workloads show --tokenizer), not from workloads.load"
+        )
     elif name.startswith("mixture:"):
         specs = _mixture(name[len("mixture:") :], DEFAULT_NUM_REQUESTS if num_requests is None else num_requests, seed)
     elif Path(name).expanduser().is_file():

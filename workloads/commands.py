@@ -87,24 +87,30 @@ def _describe_prompts(
 ) -> tuple[list, dict]:
     from workloads.prompt_files import read_prompt_file
     from workloads.stats import correlation, percentiles
+    from workloads.text_mixtures import check_text_mixture, is_text_mixture, prompt_components
     from workloads.text_workloads import text_prompts
 
-    data = read_prompt_file(name)  # a bad file fails before the tokenizer loads
+    mixture = is_text_mixture(name)
+    if mixture:
+        check_text_mixture(name)  # every component, before the tokenizer loads
+    files = prompt_components(name) if mixture else [read_prompt_file(name)]
     if not _tokenizer_loader:
         raise ValueError("measuring a prompt file needs a tokenizer loader (bench registers one)")
-    endpoint = endpoint or ("chat" if data.has_chats else "completions")
+    endpoint = endpoint or ("chat" if any(f.has_chats for f in files) else "completions")
     specs, _ = text_prompts(name, endpoint, output_len, _tokenizer_loader[0](tokenizer_name), None, 0, "")
     inputs, outputs = [s.input_len for s in specs], [s.output_len for s in specs]
+    skipped = sum(f.skipped for f in files)
+    classes = sorted({s.request_class for s in specs if s.request_class is not None})
     return specs, {
         "name": name,
-        "source": str(data.path),
+        "source": ", ".join(str(f.path) for f in files) + (" (mixed with length components)" * mixture),
         "tokenizer": f"{tokenizer_name} (lengths measured from the text, {endpoint} endpoint)",
-        "rows": f"{len(specs)}"
-        + (f" ({data.skipped} ShareGPT entries without a human turn skipped)" * bool(data.skipped)),
+        "rows": f"{len(specs)}" + (" (drawn by weight)" * mixture)
+        + (f" ({skipped} ShareGPT entries without a human turn skipped)" * bool(skipped)),
         "source_percentiles": {"input_len": percentiles(inputs), "output_len": percentiles(outputs)},
         "correlation": correlation(inputs, outputs),
-        **({"classes": ", ".join(f"{name} {sum(row.request_class == name for row in data.rows)}"
-                                 for name in data.classes)} if data.classes else {}),  # fmt: skip
+        **({"classes": ", ".join(f"{c} {sum(s.request_class == c for s in specs)}" for c in classes)}
+           if classes else {}),  # fmt: skip
     }
 
 
@@ -148,7 +154,7 @@ def show_command(
     import workloads
 
     console = Console()
-    prompt_workload = workloads.prompt_files.is_prompt_workload(name)
+    prompt_workload = workloads.prompt_files.is_prompt_workload(name) or workloads.text_mixtures.is_text_mixture(name)
     if prompt_workload:
         if endpoint not in (None, "completions", "chat"):
             console.print(f"[red]--endpoint must be completions or chat, got {endpoint!r}")

@@ -188,7 +188,7 @@ def compare(
     except ValueError as e:
         fail(str(e))
     gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor,
-                    "slo": config.slo}  # the gate also judges attainment under the sweep's SLO (slo_attainment rows)
+                    "slo": config.slo}  # the gate also judges attainment and goodput under the sweep's SLO
     execute(ctx.obj, config, targets, together, gate, gate_options, junit_xml, markdown, vllm_model, vllm_command)
 
 
@@ -247,7 +247,7 @@ def ab(
     except ValueError as e:
         fail(str(e))
     gate_options = {"metric": metric, "max_regression": max_regression, "alpha": alpha, "noise_floor": noise_floor,
-                    "slo": config.slo}  # the gate also judges attainment under the sweep's SLO (slo_attainment rows)
+                    "slo": config.slo}  # the gate also judges attainment and goodput under the sweep's SLO
     execute(ctx.obj, config, targets, True, True, gate_options, junit_xml, markdown)
 
 

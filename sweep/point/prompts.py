@@ -110,6 +110,8 @@ def check_slo_classes(
     present: list[str] = []
     if workloads.prompt_files.is_prompt_workload(workload.workload):  # a prompt file's rows may carry classes
         present = workloads.prompt_files.read_prompt_file(workload.workload).classes
+    elif workloads.text_mixtures.is_text_mixture(workload.workload):  # its rows' classes and its components' names
+        present = workloads.text_mixtures.mixture_classes(workload.workload, workload.seed)
     elif not workloads.is_text_workload(workload.workload):
         specs, _ = workload_specs(workload, n, workload.seed, tokenizer if is_trace_file(workload) else None)
         present = sorted({s.request_class for s in specs if s.request_class is not None})

@@ -150,6 +150,8 @@ def build_requests(config: SimulateConfig, n: int, salt: str) -> tuple[list[Simu
         endpoint = w.endpoint  # bench simulate has no --endpoint: a file of chats is measured as chat sends it
         if is_prompt_workload(w.workload) and read_prompt_file(w.workload).has_chats:
             endpoint = "chat"
+        elif any(f.has_chats for f in workloads.text_mixtures.prompt_components(w.workload)):
+            endpoint = "chat"
         specs, fit_report = text_prompts(w.workload, endpoint, w.output_len, tokenizer, n, w.seed, salt)[0], None
     else:
         specs, fit_report = workload_specs(w, n, w.seed, tokenizer)

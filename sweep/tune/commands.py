@@ -52,6 +52,8 @@ def _check_workload(workload: str, input_len: int | None, output_len: int | None
             workloads.prompt_files.read_prompt_file(workload)
         except FileNotFoundError as error:
             raise ValueError(str(error)) from None
+    elif workloads.text_mixtures.is_text_mixture(workload):
+        workloads.text_mixtures.check_text_mixture(workload, seed)
     elif workload not in workloads.TEXT_WORKLOADS and (
         workload in workloads.shipped_names() or not Path(workload).expanduser().is_file()
     ):

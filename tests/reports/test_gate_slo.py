@@ -8,7 +8,8 @@ from synthetic_runs import synthetic_run, synthetic_run_dir
 from typer.testing import CliRunner
 
 from cli import app
-from reports.gate import GateConfig, run_gate, to_markdown
+from reports.gate import GateConfig, run_gate
+from reports.gate_output import to_markdown
 from reports.importers import RunData
 from reports.recompute import SLOError, normalize_slo, request_latencies
 from sweep.point.benchmark_metrics import parse_slo
@@ -57,8 +58,9 @@ def test_attainment_rows_per_class_pass_noise_and_fail_a_slower_class() -> None:
     assert "| c0001 | slo_attainment[interactive] |" in table and "% met" in table and " pp |" in table
     assert "SLO: E2EL <= 600000 ms; interactive: MAX_STALL <= " in table
 
-    tolerant = run_gate(baseline, slower, GateConfig(metrics=("failure_rate",), slo=slo, max_attainment_drop=0.95))
-    assert tolerant.passed  # the drop is significant but within --max-attainment-drop
+    tolerant = run_gate(baseline, slower, GateConfig(metrics=("failure_rate",), slo=slo, max_attainment_drop=0.95,
+                                                     max_goodput_drop=0.95))
+    assert tolerant.passed  # the drops are significant but within --max-attainment-drop and --max-goodput-drop
 
 
 def test_a_class_neither_run_carries_is_refused() -> None:

@@ -8,7 +8,8 @@ import numpy as np
 from synthetic_runs import synthetic_run
 
 from reports.cost import cost_vs_load
-from reports.gate import SATURATED, GateConfig, run_gate, to_markdown
+from reports.gate import SATURATED, GateConfig, run_gate
+from reports.gate_output import to_markdown
 from reports.render import saturation_note
 from reports.tables import point_table
 
