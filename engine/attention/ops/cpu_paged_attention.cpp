@@ -189,6 +189,10 @@ void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tenso
   }
 }
 
+// Meta/fake tensors (torch.compile's tracing): the op only writes into `out`, so there is nothing to compute.
+void paged_decode_attention_meta(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, double) {}
+
 }  // namespace
 
 TORCH_LIBRARY(servelab_cpu, m) {
@@ -198,3 +202,4 @@ TORCH_LIBRARY(servelab_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(servelab_cpu, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(servelab_cpu, Meta, m) { m.impl("paged_decode_attention", &paged_decode_attention_meta); }

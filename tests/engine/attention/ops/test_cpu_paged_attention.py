@@ -134,7 +134,10 @@ def test_a_failed_build_warns_once_and_returns_none(monkeypatch, caplog) -> None
 
 
 def test_a_missing_compiler_fails_the_build_cleanly(monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
-    """A real build in a fresh cache directory with CXX naming no binary: a warning, no exception, None."""
+    """A real build in a fresh cache directory with CXX naming no binary: a warning, no exception, None. Under
+    another extension name: cpp_extension versions a name per process, and a changed build directory would make the
+    real one load as a second library registering the same ops."""
+    monkeypatch.setattr(ops, "EXTENSION_NAME", "servelab_cpu_attention_no_compiler")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     ops.reset_for_tests()
