@@ -148,3 +148,38 @@ def test_a_missing_compiler_fails_the_build_cleanly(monkeypatch, tmp_path, caplo
         assert any("unavailable" in r.getMessage() for r in caplog.records)
     finally:
         ops.reset_for_tests()
+
+
+def test_a_build_logs_its_time_once_and_a_cached_start_only_loads(kernel, monkeypatch, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """cpp_extension.load stubbed: writing the library is a build (one info line with its time), finding it
+    unchanged is a cached start (no line); the cache folder is under TORCH_EXTENSIONS_DIR; a stale lock goes."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def fake_load(name, sources, build_directory, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(build_directory)
+        library = os.path.join(build_directory, f"{name}.so")
+        if not os.path.exists(library):
+            open(library, "w").close()
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = ops.extension_dir()
+    directory.mkdir(parents=True)
+    lock = directory / "lock"
+    lock.touch()
+    os.utime(lock, (1, 1))  # left by a build that was killed long ago
+    ops.reset_for_tests()
+    try:
+        with caplog.at_level(logging.INFO, logger=ops.__name__):
+            assert ops.load_cpu_decode_kernel() is kernel
+            ops.reset_for_tests()
+            assert ops.load_cpu_decode_kernel() is kernel
+        built = [r.getMessage() for r in caplog.records if "built the CPU paged-attention kernel in" in r.getMessage()]
+        assert len(built) == 1 and str(directory) in built[0]
+        assert calls == [str(directory)] * 2 and directory.parent == tmp_path and not lock.exists()
+    finally:
+        ops.reset_for_tests()
