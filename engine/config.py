@@ -45,7 +45,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 QuantizationMethod = Literal["none", "int8", "int4"]  # fp8: not implemented anywhere yet, so not offered
 KVCacheDtype = Literal["auto", "bfloat16"]  # fp8: not implemented anywhere yet, so not offered
-AttentionBackend = Literal["auto", "torch", "triton"]  # engine.attention.ATTENTION_BACKENDS plus auto
+AttentionBackend = Literal["auto", "torch", "triton", "cpu"]  # engine.attention.ATTENTION_BACKENDS plus auto
 DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 DEVICES: tuple[str, ...] = typing.get_args(Device)
 QUANTIZATION_METHODS: tuple[str, ...] = typing.get_args(QuantizationMethod)
@@ -150,7 +150,8 @@ class ModelConfig:
         None, help="Comma-separated layers left unquantized: " + " | ".join(QUANTIZATION_SKIPPABLE)
     )
     attention_backend: AttentionBackend = knob(
-        "auto", help="Paged attention kernels (auto: triton on CUDA, else torch)."
+        "auto",
+        help="Paged attention kernels (auto: triton on CUDA, cpu on the CPU when its C++ kernel builds, else torch).",
     )
 
     def __post_init__(self) -> None:

@@ -69,6 +69,10 @@ def check_model_config(mc: ModelConfig) -> None:
     )
     reason = quantization_unsupported_reason(mc.quantization, resolved_device_type(mc.device))
     check(reason is None, reason or "")
+    check(
+        mc.attention_backend != "cpu" or resolved_device_type(mc.device) == "cpu",
+        "attention_backend='cpu' runs on the CPU only (a C++ kernel over CPU tensors); on cuda use triton or torch",
+    )
 
 
 def resolved_device_type(device: str) -> str:

@@ -54,6 +54,15 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeBatch:
+    """A step's decodes: their rows in the flat batch, block tables (used blocks only) and context lengths."""
+
+    rows: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+
+
+@dataclass
 class TorchAttentionMetadata(AttentionMetadata):
     num_decodes: int = 0
     decode_token_indices: torch.Tensor | None = None  # [num_decodes]; None when decodes are tokens 0..n-1
@@ -94,6 +103,8 @@ class TorchAttentionBackend(AttentionBackend):
         self._mirror_blocks = blocks
         return DecodeMirror.REBUILD
 
+    metadata_type: type[TorchAttentionMetadata] = TorchAttentionMetadata
+
     def build_metadata(
         self,
         query_lens: list[int],
@@ -102,10 +113,24 @@ class TorchAttentionBackend(AttentionBackend):
         slot_mapping: torch.Tensor,
         device: torch.device,
     ) -> TorchAttentionMetadata:
+        metadata, decodes = self._split_step(query_lens, seq_lens, block_tables, slot_mapping, device)
+        if not decodes.rows:
+            self._last_decodes, self._mirror_blocks = None, 0
+        else:
+            self._decode_metadata(metadata, decodes, device)
+        return metadata
+
+    def _split_step(
+        self,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slot_mapping: torch.Tensor,
+        device: torch.device,
+    ) -> tuple[TorchAttentionMetadata, DecodeBatch]:
+        """The step's prefill chunks in a fresh metadata, and its decodes (query length 1 with context) apart."""
         bs = self.block_size
-        decode_tokens: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        decodes = DecodeBatch()
         prefills: list[PrefillChunk] = []
         start = 0
         for query_len, seq_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
@@ -113,9 +138,9 @@ class TorchAttentionBackend(AttentionBackend):
             if len(table) < num_blocks:
                 raise ValueError(f"a sequence of {seq_len} tokens needs {num_blocks} blocks, got {len(table)}")
             if query_len == 1 and seq_len > 1:
-                decode_tokens.append(start)
-                decode_tables.append(table[:num_blocks])
-                decode_lens.append(seq_len)
+                decodes.rows.append(start)
+                decodes.tables.append(table[:num_blocks])
+                decodes.lens.append(seq_len)
             elif seq_len == query_len:
                 prefills.append(PrefillChunk(start, query_len, seq_len, None, None))
             else:
@@ -125,29 +150,28 @@ class TorchAttentionBackend(AttentionBackend):
                 ids = torch.tensor(table[:num_blocks], dtype=torch.long, device=device)
                 prefills.append(PrefillChunk(start, query_len, seq_len, ids, mask))
             start += query_len
-        metadata = TorchAttentionMetadata(num_tokens=start, slot_mapping=slot_mapping, prefills=prefills)
+        metadata = self.metadata_type(num_tokens=start, slot_mapping=slot_mapping, prefills=prefills)
         if bool((slot_mapping < 0).any()):
             metadata.write_indices = (slot_mapping >= 0).nonzero().squeeze(1)
-        if not decode_tokens:
-            self._last_decodes, self._mirror_blocks = None, 0
-        else:
-            max_blocks = max(len(t) for t in decode_tables)
-            metadata.decode_mirror = self._plan_decode_mirror(decode_tables, decode_lens)
-            width = self._mirror_blocks if metadata.decode_mirror == DecodeMirror.REBUILD else max_blocks
-            padded = [t + t[:1] * (width - len(t)) for t in decode_tables]  # pad with a written block
-            lens = torch.tensor(decode_lens, device=device)
-            metadata.decode_positions = lens - 1
-            metadata.num_decodes = len(decode_tokens)
-            metadata.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device).view(-1)
-            metadata.decode_mask = (torch.arange(max_blocks * bs, device=device)[None, :] < lens[:, None])[
-                None, :, None, :
-            ]
-            metadata.decode_bias = torch.zeros(metadata.decode_mask.shape, device=device).masked_fill_(
-                ~metadata.decode_mask, float("-inf")
-            )
-            if decode_tokens != list(range(len(decode_tokens))):
-                metadata.decode_token_indices = torch.tensor(decode_tokens, dtype=torch.long, device=device)
-        return metadata
+        return metadata, decodes
+
+    def _decode_metadata(self, metadata: TorchAttentionMetadata, decodes: DecodeBatch, device: torch.device) -> None:
+        """The padded gather index and length mask of the batched decode path, and its mirror plan."""
+        bs, decode_tables = self.block_size, decodes.tables
+        max_blocks = max(len(t) for t in decode_tables)
+        metadata.decode_mirror = self._plan_decode_mirror(decode_tables, decodes.lens)
+        width = self._mirror_blocks if metadata.decode_mirror == DecodeMirror.REBUILD else max_blocks
+        padded = [t + t[:1] * (width - len(t)) for t in decode_tables]  # pad with a written block
+        lens = torch.tensor(decodes.lens, device=device)
+        metadata.decode_positions = lens - 1
+        metadata.num_decodes = len(decodes.rows)
+        metadata.decode_block_ids = torch.tensor(padded, dtype=torch.long, device=device).view(-1)
+        metadata.decode_mask = (torch.arange(max_blocks * bs, device=device)[None, :] < lens[:, None])[None, :, None, :]
+        metadata.decode_bias = torch.zeros(metadata.decode_mask.shape, device=device).masked_fill_(
+            ~metadata.decode_mask, float("-inf")
+        )
+        if decodes.rows != list(range(len(decodes.rows))):
+            metadata.decode_token_indices = torch.tensor(decodes.rows, dtype=torch.long, device=device)
 
     def forward(
         self,

@@ -50,7 +50,7 @@ SERVELAB_ONLY: dict[str, str] = {
     "method of an already-quantized checkpoint",
     "quantization_group_size": "a setting of our int4/int8 quantization",
     "quantization_skip": "a setting of our int4/int8 quantization",
-    "attention_backend": "our kernels (torch, triton); vLLM's backends have other names",
+    "attention_backend": "our kernels (torch, triton, cpu); vLLM's backends have other names",
     "device": "vLLM runs on the platform its build is for",
     "kv_cache_memory_bytes": "vLLM's CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) in the "
     "environment: set it there",

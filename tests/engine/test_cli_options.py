@@ -152,6 +152,6 @@ def test_a_renamed_command_runs_as_before_and_names_its_new_spelling() -> None:
 def test_a_choice_knob_lists_its_values_and_refuses_others() -> None:
     """A Literal-typed field's values are the option's: --help shows them and typer refuses anything else."""
     result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "240"})
-    assert "<auto|torch|triton>" in result.output and "<none|int8|int4>" in result.output
+    assert "<auto|torch|triton|cpu>" in result.output and "<none|int8|int4>" in result.output
     refused = CliRunner().invoke(app, ["serve", "--quantization", "fp8"])
     assert refused.exit_code == 2 and "fp8" in refused.output

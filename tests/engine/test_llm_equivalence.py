@@ -2,7 +2,8 @@
 
 Both sides take the plain argmax: HF with no EOS id (it neither stops nor masks), the engine with
 ignore_eos. Checked for prompts submitted together and staggered, with prefix caching on (real hits)
-and off, with chunked prefill forced to 32-token steps, and with a KV pool small enough to preempt.
+and off, with chunked prefill forced to 32-token steps, and with a KV pool small enough to preempt; each with
+the torch attention backend and with the cpu one (the C++ decode kernel, which `auto` picks on the CPU).
 
 The SmolLM2 reference loads the checkpoint our loader converted from the GGUF; that those weights are
 bit-identical to transformers' own GGUF loading is tests/engine/models/test_llama.py's job.
@@ -10,6 +11,7 @@ bit-identical to transformers' own GGUF loading is tests/engine/models/test_llam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,9 +38,9 @@ TEXTS = [
     "List five prime numbers, explain why each is prime, and then describe the sieve of Eratosthenes "
     "step by step for a reader who has never seen it before, with a worked example up to thirty.",
 ]
-MODELS = [
-    pytest.param(("tiny-random", 24), id="tiny-random"),
-    pytest.param(("smollm2-135m", 16), id="smollm2-135m", marks=pytest.mark.slow),
+MODELS = [pytest.param(("tiny-random", 24, backend), id=f"tiny-random-{backend}") for backend in ("torch", "cpu")] + [
+    pytest.param(("smollm2-135m", 16, backend), id=f"smollm2-135m-{backend}", marks=pytest.mark.slow)
+    for backend in ("torch", "cpu")
 ]
 
 
@@ -48,13 +50,16 @@ class Reference:
     max_tokens: int
     prompts: list[list[int]]
     expected: list[list[int]]
+    attention_backend: str
     _llms: dict[tuple, LLM] = field(default_factory=dict)
 
     def llm(self, **knobs: object) -> LLM:
         """One engine per knob set, reused across tests (loading is the slow part)."""
         key = tuple(sorted(knobs.items()))
         if key not in self._llms:
-            self._llms[key] = LLM(self.model, dtype="float32", max_model_len=512, **knobs)
+            self._llms[key] = LLM(
+                self.model, dtype="float32", max_model_len=512, attention_backend=self.attention_backend, **knobs
+            )
         return self._llms[key]
 
     @property
@@ -62,9 +67,9 @@ class Reference:
         return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def reference(request: pytest.FixtureRequest) -> Reference:
-    model_name, max_tokens = request.param
+@functools.cache
+def hf_greedy(model_name: str, max_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts' ids and HF's greedy continuations (computed once per model, shared by both backends)."""
     tokenizer = get_tokenizer(model_name)
     prompts = [tokenizer.encode(text) for text in TEXTS]
     hf = AutoModelForCausalLM.from_pretrained(resolve_model(model_name), dtype=torch.float32).eval()
@@ -83,7 +88,14 @@ def reference(request: pytest.FixtureRequest) -> Reference:
             expected.append(out[0, len(ids) :].tolist())
             assert len(expected[-1]) == max_tokens
     del hf
-    return Reference(model_name, max_tokens, prompts, expected)
+    return prompts, expected
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def reference(request: pytest.FixtureRequest) -> Reference:
+    model_name, max_tokens, attention_backend = request.param
+    prompts, expected = hf_greedy(model_name, max_tokens)
+    return Reference(model_name, max_tokens, prompts, expected, attention_backend)
 
 
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
@@ -102,6 +114,13 @@ def stats_delta(llm: LLM, run: Callable[[], list[list[int]]]) -> tuple[list[list
     after = llm.llm_engine.get_stats()
     names = ("prefix_cache_hits", "num_preemptions", "num_generation_tokens")
     return result, {name: getattr(after, name) - getattr(before, name) for name in names}
+
+
+def test_the_engine_runs_the_named_backend(reference: Reference) -> None:
+    runner = reference.llm().llm_engine.engine_core.model_executor
+    assert runner.attention_backend == reference.attention_backend
+    if reference.attention_backend == "cpu":
+        assert runner.attn_backend.kernel is not None  # the C++ kernel, not the torch fallback
 
 
 def test_prompts_have_different_lengths(reference: Reference) -> None:

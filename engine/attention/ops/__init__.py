@@ -1,1 +1,1 @@
-"""Triton kernels over the paged KV cache (CUDA; on the CPU they run under TRITON_INTERPRET=1 for tests)."""
+"""Kernels over the paged KV cache: Triton (CUDA; interpreted on the CPU in tests) and the C++ CPU decode kernel."""

@@ -71,9 +71,8 @@ def test_decodes_without_a_cache_are_rejected() -> None:
 
 
 def test_backend_names_and_auto_resolution() -> None:
-    assert ATTENTION_BACKENDS == ("auto", "torch", "triton")
+    assert ATTENTION_BACKENDS == ("auto", "torch", "triton", "cpu")
     assert get_attention_backend("triton") is TritonAttentionBackend
-    assert resolve_attention_backend("auto", "cpu") == "torch"
     assert resolve_attention_backend("auto", "cuda") == "triton"
     assert resolve_attention_backend("triton", "cpu") == "triton"
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
@@ -84,12 +83,13 @@ def test_backend_names_and_auto_resolution() -> None:
 
 def test_engine_greedy_tokens_equal_the_torch_backend() -> None:
     """tiny-random, float32: prompts sharing a prefix (prefix-cache hits), chunked prefill at 32 tokens
-    (chunks with context) and decoding, with one request arriving while the others decode."""
+    (chunks with context) and decoding, with one request arriving while the others decode; the triton and the
+    cpu (C++ decode kernel) backends against torch."""
     prompts = [[(7 * i + 3) % 4000 + 10 for i in range(45)], [(7 * i + 3) % 4000 + 10 for i in range(37)] + [5, 9]]
     prompts += [[11, 12, 13], list(range(100, 117))]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     tokens = {}
-    for name in ("torch", "triton"):
+    for name in ("torch", "triton", "cpu"):
         llm = LLM(
             "tiny-random", dtype="float32", device="cpu", max_model_len=128, max_num_batched_tokens=32,
             attention_backend=name,
@@ -112,3 +112,4 @@ def test_engine_greedy_tokens_equal_the_torch_backend() -> None:
         assert engine.get_stats().prefix_cache_hits > 0
         tokens[name] = [got[str(i)] for i in range(len(prompts))]
     assert tokens["triton"] == tokens["torch"]
+    assert tokens["cpu"] == tokens["torch"]

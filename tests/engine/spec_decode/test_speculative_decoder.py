@@ -1,6 +1,7 @@
 """Speculative decoding in the engine: greedy output token-identical to no speculation (K = 1..5, both proposers,
-prefix caching, chunked prefill and preemption on), sampled output with the target's distribution, reproducible
-seeds, and clean KV accounting after rejections, aborts and preemptions."""
+prefix caching, chunked prefill and preemption on; the reference on the torch attention backend, speculation on
+`auto`, which is the cpu backend's C++ decode kernel on the CPU), sampled output with the target's distribution,
+reproducible seeds, and clean KV accounting after rejections, aborts and preemptions."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list
 
 @pytest.fixture(scope="module")
 def greedy_reference(small_vocab_models: SmallVocabModels) -> list[list[int]]:
-    llm = LLM(small_vocab_models.target, dtype="float32", max_model_len=128, block_size=4)
+    llm = LLM(small_vocab_models.target, dtype="float32", max_model_len=128, block_size=4, attention_backend="torch")
     return generate(llm, PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
 
 
