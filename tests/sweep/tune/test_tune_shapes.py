@@ -259,3 +259,56 @@ def test_simulate_first_refuses_the_shapes_the_simulator_cannot_model(tmp_path: 
     said = " ".join(done.output.split())
     assert "--simulate-first: the simulator models closed and open loops of single requests" in said
     assert flags[0] in said.split("not ", 1)[1] and not (tmp_path / "study").exists()
+
+
+def test_a_replay_and_a_ramp_reach_the_trial_s_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 0.05 * i, "input_len": 8 + i, "output_len": 2} for i in range(10)]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = run_tune(tmp_path, monkeypatch, "--replay", "--workload", str(trace), "--time-scale", "0.5",
+                    "--num-prompts", "6")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    config = trial_config(tmp_path)
+    assert (config["sweep"]["mode"], config["sweep"]["num_prompts"]) == ("replay", 6)
+    assert (tmp_path / "study" / "trials" / "trial_0000" / "repeat0" / "points" / "t000.500.json").exists()
+    assert len(seen(InProcessEngine.started[0])) == 6  # the trace's first six rows, at their timestamps
+
+    ramp = tmp_path / "ramp"
+    ramp.mkdir()
+    done = run_tune(ramp, monkeypatch, "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "10",
+                    "--ramp-up-end-rps", "40", "--workload", "fixed", "--input-len", "8", "--output-len", "2",
+                    "--num-prompts", "8")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert trial_config(ramp)["sweep"]["ramp_up"] == ["linear", 10.0, 40.0]
+    assert len(seen(InProcessEngine.started[0])) == 8
+
+
+def test_tune_and_sweep_declare_the_shape_flags_once() -> None:
+    """The same flags, defaults and help in both commands (tune's own help only where its meaning differs)."""
+    import typer.main
+
+    import sweep.commands  # noqa: F401 - registers bench sweep
+    from cli import app
+    from sweep.cli_options import SHAPE_OPTION_TYPES, SHARED_OPTIONS
+
+    group = typer.main.get_command(app)
+    commands = {name: group.commands[name] for name in ("sweep", "tune")}  # type: ignore[attr-defined]
+    for name in SHAPE_OPTION_TYPES:
+        options = {cmd: next(p for p in command.params if p.name == name) for cmd, command in commands.items()}
+        assert options["sweep"].opts == options["tune"].opts
+        assert options["sweep"].default == options["tune"].default == SHARED_OPTIONS[name].default
+        assert options["sweep"].help == SHARED_OPTIONS[name].help
+        if name not in ("replay", "time_scale", "ramp_up_strategy", "rate_curve"):
+            assert options["tune"].help == SHARED_OPTIONS[name].help, name
+    assert next(p for p in commands["tune"].params if p.name == "duration").help == SHARED_OPTIONS["duration"].help
+
+
+def test_prompt_counts_with_sessions_and_durations() -> None:
+    from sweep.tune.workload_lengths import prompt_counts
+
+    assert prompt_counts(4, "concurrency", 1, 3, turns=3) == [4, 6, 9]  # a session's turns per stream
+    assert prompt_counts(None, "rate", 1, 2, duration=2.0) == [2, 3, 4]  # rate x duration, every rate between
+    assert prompt_counts(None, "rate", 2, 2, duration=2.0, turns=2) == [8]  # turns per pooled session
+    assert prompt_counts(None, "concurrency", 1, 20, duration=5.0) == [200, 220, 240, 260, 280, 300, 320, 340, 360,
+                                                                       380, 400]  # the closed loop's duration pool
+    assert prompt_counts(6, "replay", 1, 1) == [6] and prompt_counts(None, "replay", 1, 1, duration=1.0) == []
