@@ -52,6 +52,41 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
     ),
     "attainment": OptionSpec(0.9, "SLO attainment goal for --max-load-under-slo.", LOAD_PANEL),
     "max_load": OptionSpec(4096.0, "--max-load-under-slo never goes above this load.", LOAD_PANEL),
+    # the load shapes (sweep.run.load_shape.LoadShape): bench sweep's and bench tune's
+    "replay": OptionSpec(
+        False, "Send each request at its trace timestamp (a workload with timestamps).", LOAD_PANEL, ("--replay",)
+    ),
+    "time_scale": OptionSpec(
+        "1", "--replay: trace time multipliers per point (2 = half speed, 0.5 = double), e.g. 1,0.5.", LOAD_PANEL
+    ),
+    "ramp_up_strategy": OptionSpec(
+        None, "One open-loop point whose rate ramps (vLLM): linear | exponential.", LOAD_PANEL
+    ),
+    "ramp_up_start_rps": OptionSpec(None, "Ramp-up: the first request's rate.", LOAD_PANEL),
+    "ramp_up_end_rps": OptionSpec(None, "Ramp-up: the last request's rate.", LOAD_PANEL),
+    "rate_curve": OptionSpec(
+        None, "With --request-rate: arrivals follow this rate curve, rescaled to each point's mean rate and "
+        "stretched over the point: relative window rates (1,4,2) or a shipped mix's curve (servegen-deepseek-r1).",
+        LOAD_PANEL,
+    ),
+    "turns": OptionSpec(
+        1, "Multi-turn sessions (--endpoint chat): turns per conversation, each carrying the history; the load "
+        "counts sessions.", LOAD_PANEL,
+    ),
+    "think_time": OptionSpec(0.0, "Seconds between a turn's response and the session's next turn.", LOAD_PANEL),
+    "conversations": OptionSpec(
+        None, "Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
+        "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
+        WORKLOAD_PANEL,
+    ),
+    "structured_output": OptionSpec(
+        None, "Ask every request for a structured output: json | regex | choice (the structured workload sends "
+        "its JSON schemas without this flag). Records keep whether each output validated.", WORKLOAD_PANEL,
+    ),
+    "structured_output_shape": OptionSpec(
+        None, "How schemas are sent: response_format | structured_outputs | guided (vLLM's guided_*); default: "
+        "response_format for JSON, structured_outputs for regex and choice.", WORKLOAD_PANEL,
+    ),
     "endpoint": OptionSpec("completions", "completions | chat.", WORKLOAD_PANEL),
     "workload": OptionSpec(
         "random", "Workload name, trace path or prompts:FILE (see `bench workloads list`).", WORKLOAD_PANEL
@@ -201,40 +236,76 @@ def with_load_options(
         def command(load: LoadOptions, output_dir: Path = typer.Option(...)) -> None:
             config = load.config(SweepConfig, output_dir=output_dir)
     """
+    return _with_options(LOAD_OPTION_TYPES, LOAD_PARAMETER, LoadOptions, exclude, help)
+
+
+# with_shape_options: the load-shape options that fill a LoadShape (sweep/run/load_shape.py), and their types
+SHAPE_OPTION_TYPES: dict[str, Any] = {
+    "replay": bool,
+    "time_scale": str,
+    "ramp_up_strategy": str | None,
+    "ramp_up_start_rps": float | None,
+    "ramp_up_end_rps": float | None,
+    "rate_curve": str | None,
+    "turns": int,
+    "think_time": float,
+    "conversations": Path | None,
+    "structured_output": str | None,
+    "structured_output_shape": str | None,
+}
+SHAPE_PARAMETER = "shape"
+
+
+def with_shape_options(help: dict[str, str] | None = None) -> Callable[[Command], Command]:
+    """Add the load-shape options (sessions, replay, rate curves, structured outputs: `SHAPE_OPTION_TYPES`,
+    declared in `SHARED_OPTIONS`) to a command in place of its `shape: LoadShape` parameter, as
+    `with_load_options` does; `bench sweep` and `bench tune` take them, so a tune's trials measure any shape a
+    sweep can. `help` replaces an option's help text where the command's meaning differs."""
+    from sweep.run.load_shape import LoadShape
+
+    return _with_options(SHAPE_OPTION_TYPES, SHAPE_PARAMETER, LoadShape, (), help)
+
+
+def _with_options(
+    types: dict[str, Any], parameter: str, build: Callable[..., Any], exclude: tuple[str, ...],
+    help: dict[str, str] | None,
+) -> Callable[[Command], Command]:
+    """Replace a command's `parameter` by the options `types` names (less `exclude`) and pass it
+    `build(**the flags)`."""
     unknown = set(exclude) | set(help or {})
-    if unknown - set(LOAD_OPTION_TYPES):
-        raise ValueError(f"not load options: {sorted(unknown - set(LOAD_OPTION_TYPES))}")
+    if unknown - set(types):
+        raise ValueError(f"not {parameter} options: {sorted(unknown - set(types))}")
 
     def decorate(command: Command) -> Command:
         signature = inspect.signature(command, eval_str=True)
-        if LOAD_PARAMETER not in signature.parameters:
-            raise TypeError(f"{command.__name__} needs a {LOAD_PARAMETER} parameter to receive the load options")
-        declared = set(LOAD_OPTION_TYPES) & set(signature.parameters)
+        if parameter not in signature.parameters:
+            raise TypeError(f"{command.__name__} needs a {parameter} parameter to receive its options")
+        declared = set(types) & set(signature.parameters)
         if declared:
-            raise TypeError(f"{command.__name__} declares load options itself: {sorted(declared)}; use help=")
-        names = [n for n in LOAD_OPTION_TYPES if n not in exclude]
+            raise TypeError(f"{command.__name__} declares {parameter} options itself: {sorted(declared)}; use help=")
+        names = [n for n in types if n not in exclude]
         generated = [
             inspect.Parameter(
                 name,
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 default=shared_option(name, help=(help or {}).get(name)),
-                annotation=LOAD_OPTION_TYPES[name],
+                annotation=types[name],
             )
             for name in names
         ]
         parameters: list[inspect.Parameter] = []
         for p in signature.parameters.values():
-            parameters += generated if p.name == LOAD_PARAMETER else [p]
+            parameters += generated if p.name == parameter else [p]
 
         @functools.wraps(command)
-        def with_load(**kwargs: Any) -> Any:
+        def with_options(**kwargs: Any) -> Any:
             flags = {name: SHARED_OPTIONS[name].default for name in exclude}
             flags.update({name: kwargs.pop(name) for name in names})
-            return command(**kwargs, **{LOAD_PARAMETER: LoadOptions(**flags)})
+            return command(**kwargs, **{parameter: build(**flags)})
 
-        with_load.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-        with_load.__annotations__ = {p.name: p.annotation for p in parameters}
-        return with_load  # type: ignore[return-value]
+        with_options.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_options  # type: ignore[return-value]
 
     return decorate
 

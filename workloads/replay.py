@@ -24,6 +24,15 @@ def replay_label(time_scale: float) -> str:
     return f"t{time_scale:07.3f}"
 
 
+def require_timestamps(name: str, specs: list[RequestSpec]) -> None:
+    """A ValueError unless every request of workload `name` has its timestamp (what --replay sends it at)."""
+    if not specs or any(s.timestamp is None for s in specs):
+        raise ValueError(
+            f"--replay needs a workload with timestamps; {name!r} has none "
+            "(traces with them: azure-code-2023, azure-conv-2023, mooncake-conversation, or a trace file)"
+        )
+
+
 def replay_requests(
     name: str,
     tokenizer: Any,
@@ -49,11 +58,7 @@ def replay_requests(
         **({"tokenizer": tokenizer} if is_file else {}),
     )
     fit_report = workloads.last_fit_report() if hasattr(workloads, "last_fit_report") else None
-    if not specs or any(s.timestamp is None for s in specs):
-        raise ValueError(
-            f"--replay needs a workload with timestamps; {name!r} has none "
-            "(traces with them: azure-code-2023, azure-conv-2023, mooncake-conversation, or a trace file)"
-        )
+    require_timestamps(name, specs)
     offsets = workloads.arrivals.replay([s.timestamp for s in specs], time_scale=time_scale)
     count = len(specs)
     if num_prompts is not None:

@@ -11,7 +11,6 @@ import typer
 from engine.cli_options import knob_option, with_engine_knobs
 from sweep.cli_options import (
     LOAD_PANEL,
-    WORKLOAD_PANEL,
     LoadOptions,
     fail,
     floats,
@@ -19,47 +18,23 @@ from sweep.cli_options import (
     render_run_report,
     shared_option,
     with_load_options,
+    with_shape_options,
 )
 from sweep.mock.machine_speed import host_warnings
+from sweep.run.load_shape import LoadShape
 from sweep.run.results import CONFIG
 from sweep.run.run_info import openai_base_url
 
 
 @with_engine_knobs
 @with_load_options(exclude=("max_load",))
+@with_shape_options()
 def sweep(
     ctx: typer.Context,
     engine_knobs: dict[str, Any],
     load: LoadOptions,
-    replay: bool = typer.Option(
-        False, "--replay", help="Send each request at its trace timestamp (a workload with timestamps).",
-        rich_help_panel=LOAD_PANEL,
-    ),
-    time_scale: str = typer.Option(
-        "1", help="--replay: trace time multipliers per point (2 = half speed, 0.5 = double), e.g. 1,0.5.",
-        rich_help_panel=LOAD_PANEL,
-    ),
-    ramp_up_strategy: str | None = typer.Option(
-        None, help="One open-loop point whose rate ramps (vLLM): linear | exponential.", rich_help_panel=LOAD_PANEL
-    ),
-    ramp_up_start_rps: float | None = typer.Option(None, help="Ramp-up: the first request's rate.",
-                                                   rich_help_panel=LOAD_PANEL),
-    ramp_up_end_rps: float | None = typer.Option(None, help="Ramp-up: the last request's rate.",
-                                                 rich_help_panel=LOAD_PANEL),
-    rate_curve: str | None = typer.Option(
-        None,
-        help="With --request-rate: arrivals follow this rate curve, rescaled to each point's mean rate and "
-        "stretched over the point: relative window rates (1,4,2) or a shipped mix's curve (servegen-deepseek-r1).",
-        rich_help_panel=LOAD_PANEL,
-    ),
+    shape: LoadShape,
     num_warmups: int = shared_option("num_warmups"),
-    turns: int = typer.Option(
-        1, help="Multi-turn sessions (--endpoint chat): turns per conversation, each carrying the history; "
-        "the load counts sessions.", rich_help_panel=LOAD_PANEL,
-    ),
-    think_time: float = typer.Option(
-        0.0, help="Seconds between a turn's response and the session's next turn.", rich_help_panel=LOAD_PANEL
-    ),
     warmup_seconds: float = typer.Option(
         0.0, help="Steady-state window: the point's figures leave out its first S seconds (the whole point's are "
         "kept under `full`).",
@@ -119,26 +94,8 @@ def sweep(
         600.0, help="Seconds a request may wait for its next byte; a stream silent longer fails with reason "
         "Stalled (0: no limit)."
     ),
-    conversations: Path | None = typer.Option(
-        None,
-        help="Multi-turn sessions from real conversations (--endpoint chat): a ShareGPT, LMSYS-Chat or "
-        "OpenAI-messages JSON/JSONL file; each turn carries the recorded history; the load counts sessions.",
-        rich_help_panel=WORKLOAD_PANEL,
-    ),
     seed: int | None = knob_option(
         "seed", help="Workload seed (default 0); when given, the built-in engine's seed too."
-    ),
-    structured_output: str | None = typer.Option(
-        None,
-        help="Ask every request for a structured output: json | regex | choice (the structured workload sends "
-        "its JSON schemas without this flag). Records keep whether each output validated.",
-        rich_help_panel=WORKLOAD_PANEL,
-    ),
-    structured_output_shape: str | None = typer.Option(
-        None,
-        help="How schemas are sent: response_format | structured_outputs | guided (vLLM's guided_*); "
-        "default: response_format for JSON, structured_outputs for regex and choice.",
-        rich_help_panel=WORKLOAD_PANEL,
     ),
     max_model_len: int | None = knob_option(
         "max_model_len", help="Fit the workload to this context (and the built-in engine's max_model_len)."
@@ -172,25 +129,22 @@ def sweep(
     from sweep.point.cancel import CancelConfig, parse_cancel_after
     from sweep.point.saturation import SaturationConfig
     from sweep.run.sweeper import SweepConfig, run_sweep
-    from workloads.rate_curve import parse_rate_curve
 
     interrupt_on_sigterm()
 
-    concurrency, request_rate = load.concurrency, load.request_rate
-    ramp = None
-    if ramp_up_strategy is not None:
-        if request_rate is not None or concurrency is not None or replay:
-            fail("--ramp-up-strategy replaces --request-rate (as in vLLM); drop --request-rate/--concurrency/--replay")
-        if ramp_up_start_rps is None or ramp_up_end_rps is None:
-            fail("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
-        ramp = (ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps)
-        request_rate = str(ramp_up_end_rps)
+    concurrency, request_rate, replay = load.concurrency, load.request_rate, shape.replay
+    try:
+        ramp = shape.ramp(concurrency, request_rate)
+    except ValueError as e:
+        fail(str(e))
+    if ramp is not None:
+        request_rate = str(ramp[2])
     if (concurrency is not None) + (request_rate is not None) + replay != 1:
         fail("give exactly one of --concurrency 1,2,4, --request-rate 1,2,4, --replay or --ramp-up-strategy")
     mode = "concurrency" if concurrency is not None else "rate" if request_rate is not None else "replay"
     loads = {"concurrency": (concurrency, "--concurrency"), "rate": (request_rate, "--request-rate"),
-             "replay": (time_scale, "--time-scale")}[mode]
-    if rate_curve is not None and mode != "rate":
+             "replay": (shape.time_scale, "--time-scale")}[mode]
+    if shape.rate_curve is not None and mode != "rate":
         fail("--rate-curve shapes --request-rate points; give --request-rate (not --concurrency or --replay)")
     if url is not None and engine_knobs:
         fail("engine knobs apply only to the built-in engine; drop them or drop --url")
@@ -205,13 +159,8 @@ def sweep(
             SweepConfig,
             mode=mode,
             values=floats(*loads),
-            workload={
-                "max_model_len": max_model_len,
-                "seed": seed if seed is not None else 0,
-                "structured_output": structured_output,
-                "structured_output_shape": structured_output_shape,
-                "conversations": str(conversations) if conversations is not None else None,
-            },
+            workload={"max_model_len": max_model_len, "seed": seed if seed is not None else 0,
+                      **shape.workload_fields()},
             output_dir=output_dir,
             url=openai_base_url(url) if url is not None else None,
             model=model,
@@ -227,10 +176,7 @@ def sweep(
             repeats=repeats,
             calibration=calibration,
             server_metrics=server_metrics,
-            ramp_up=ramp,
-            turns=turns,
-            think_time_s=think_time,
-            rate_curve=parse_rate_curve(rate_curve) if rate_curve is not None else None,
+            **shape.sweep_fields(),
             warmup_seconds=warmup_seconds,
             cooldown_seconds=cooldown_seconds,
             steady_window=steady_window,

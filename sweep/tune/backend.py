@@ -24,13 +24,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sweep.run.results import write_atomic
 from sweep.run.run_info import TargetUnhealthy
 from sweep.tune.engines import log_error_line
 from sweep.tune.objective import Infeasible, MeasurePoint
 from sweep.tune.space import fill_template
+
+if TYPE_CHECKING:
+    from sweep.point.runner import WorkloadConfig
+    from sweep.run.sweeper import SweepConfig
 
 ENGINE_PID = "engine.pid"
 ENGINE_START = "engine_start.json"  # {"startup_s": spawn to healthy}: the engine's start, apart from the measurement
@@ -52,7 +56,7 @@ class TrialWorkload:
     workload: str = "random"
     input_len: int | None = None  # generated workloads only: shipped mixes and traces reject length options
     output_len: int | None = None
-    num_prompts: int = 32
+    num_prompts: int | None = 32  # None: --duration decides (the sweep's duration pool)
     num_warmups: int = 1
     endpoint: str = "completions"
     seed: int = 0
@@ -66,6 +70,49 @@ class TrialWorkload:
     warmup_seconds: float = 0.0  # a steady window (sweep.point.steady_state): the trial reads the window's figures
     cooldown_seconds: float = 0.0
     steady_window: str | None = None  # "auto": detect each point's window
+    # the sweep's load shape (sweep.run.load_shape.LoadShape): "replay" is a load mode of its own
+    duration: float | None = None  # seconds of sending per point
+    turns: int = 1  # > 1: multi-turn sessions of synthesized turns; the load counts sessions
+    think_time_s: float = 0.0
+    conversations: str | None = None  # a conversation file: sessions of real conversations
+    structured_output: str | None = None
+    structured_output_shape: str | None = None
+    ramp_up: tuple[str, float, float] | None = None  # one rate point that ramps (vLLM's --ramp-up-strategy)
+    rate_curve: list[float] | None = None  # window rates shaping every rate point
+
+    def workload_config(self, max_model_len: int | None) -> WorkloadConfig:
+        """The sweep's workload of a trial whose engine has `max_model_len`."""
+        from sweep.point.runner import WorkloadConfig
+
+        return WorkloadConfig(workload=self.workload, input_len=self.input_len, output_len=self.output_len,
+                              seed=self.seed, endpoint=self.endpoint, max_model_len=max_model_len,
+                              structured_output=self.structured_output,
+                              structured_output_shape=self.structured_output_shape,
+                              conversations=self.conversations)  # fmt: skip
+
+    def prompts_for(self, load: float) -> int | None:
+        """Requests one point at `load` sends: in closed loop at least one prompt per stream (a session's turns
+        per stream with --turns), or the point measures less load; None with --duration alone."""
+        if self.num_prompts is None or self.load_mode != "concurrency":
+            return self.num_prompts
+        return max(self.num_prompts, int(load) * self.turns)
+
+    def sweep_config(self, run_dir: Path, url: str, knobs: dict[str, Any], **target: Any) -> SweepConfig:
+        """The sweep a trial runs against its engine at `url` (knobs: the trial's, pinned ones included);
+        `target` adds the SweepConfig fields of the launched engine (launch_template, command, devices_used).
+        Validated on construction: the tuner builds one before any trial, so a bad shape fails once."""
+        from sweep.run.sweeper import SweepConfig
+
+        return SweepConfig(
+            output_dir=run_dir, mode=self.load_mode, values=[self.ramp_up[2]] if self.ramp_up else [1.0],
+            url=url, model=self.model, tokenizer=self.tokenizer, engine_knobs=knobs,
+            workload=self.workload_config(knobs.get("max_model_len")), num_prompts=self.num_prompts,
+            duration=self.duration, burstiness=self.burstiness, num_warmups=self.num_warmups, slo=self.slo or None,
+            percentiles=list(self.percentiles), resume=True, cost_per_hour=self.cost_per_hour,
+            gpus_per_instance=self.gpus_per_instance, warmup_seconds=self.warmup_seconds,
+            cooldown_seconds=self.cooldown_seconds, steady_window=self.steady_window, ramp_up=self.ramp_up,
+            turns=self.turns, think_time_s=self.think_time_s, rate_curve=self.rate_curve, **target,
+        )  # fmt: skip
 
 
 def process_start(pid: int) -> str | None:
@@ -200,22 +247,14 @@ class EngineBackend:
         """A sweep run directory against the trial's engine; `measure(load)` runs one point of it."""
         from rich.console import Console
 
-        from sweep.point.runner import WorkloadConfig
         from sweep.run.cost import occupied_devices
-        from sweep.run.sweeper import SweepConfig, Sweeper
+        from sweep.run.sweeper import Sweeper
 
         w = self.workload
         all_knobs = {**self.extra_knobs, **knobs}
-        config = SweepConfig(
-            output_dir=run_dir, mode=w.load_mode, url=server.url, model=w.model, tokenizer=w.tokenizer,
-            engine_knobs=all_knobs, launch_template=self.launch_command,
-            workload=WorkloadConfig(workload=w.workload, input_len=w.input_len, output_len=w.output_len,
-                                    seed=w.seed, endpoint=w.endpoint, max_model_len=knobs.get("max_model_len")),
-            num_prompts=w.num_prompts, burstiness=w.burstiness, num_warmups=w.num_warmups, slo=w.slo or None,
-            percentiles=list(w.percentiles), resume=True, command=shlex.join(server.command),
-            cost_per_hour=w.cost_per_hour, gpus_per_instance=w.gpus_per_instance,
+        config = w.sweep_config(
+            run_dir, server.url, all_knobs, launch_template=self.launch_command, command=shlex.join(server.command),
             devices_used=occupied_devices(all_knobs) if w.cost_per_hour is not None else None,
-            warmup_seconds=w.warmup_seconds, cooldown_seconds=w.cooldown_seconds, steady_window=w.steady_window,
         )
         # The tuner's own progress owns the terminal: the sweep's per-point bars and rows stay quiet.
         try:
@@ -231,8 +270,7 @@ class EngineBackend:
         sweeper.writer.save_config()
 
         def measure(load: float) -> dict[str, Any]:
-            if w.load_mode == "concurrency":  # at least one prompt per stream, or the point measures less load
-                config.num_prompts = max(w.num_prompts, int(load))
+            config.num_prompts = w.prompts_for(load)
             try:
                 point = sweeper.measure(load)
             except TargetUnhealthy as err:  # the point is written, with its failed requests

@@ -8,12 +8,12 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from engine.cli_options import renamed_command
-from sweep.cli_options import shared_option
+from sweep.cli_options import shared_option, with_shape_options
+from sweep.run.load_shape import LoadShape
 from sweep.run.results import ReportRenderer, write_atomic
 from sweep.tune import engines
 from sweep.tune.replay_commands import tune_efficiency, tune_launches
@@ -43,56 +43,22 @@ def _model_tensor_parallel_sizes(model: str) -> tuple[int, ...] | None:
     return tuple(valid_tensor_parallel_sizes(arch.num_attention_heads, arch.num_key_value_heads))
 
 
-def _check_workload(workload: str, input_len: int | None, output_len: int | None, seed: int) -> None:
-    """A bad workload or length option is one clear error before any trial, not a failure in every trial."""
-    import workloads
-
-    if workloads.prompt_files.is_prompt_workload(workload):  # its file is checked; longest_request measures its text
-        try:
-            workloads.prompt_files.read_prompt_file(workload)
-        except FileNotFoundError as error:
-            raise ValueError(str(error)) from None
-    elif workloads.text_mixtures.is_text_mixture(workload):
-        workloads.text_mixtures.check_text_mixture(workload, seed)
-    elif workload not in workloads.TEXT_WORKLOADS and (
-        workload in workloads.shipped_names() or not Path(workload).expanduser().is_file()
-    ):
-        workloads.load(workload, num_requests=1, seed=seed, input_len=input_len, output_len=output_len)
-
-
 def default_study_name(model: str, workload: str, objective: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"tune-{Path(model).name}-{Path(workload).name}-{objective}")
 
 
-def best_commands(study: Any, model: str, launch_command: str | None) -> list[dict[str, Any]]:
-    """Each best trial as a ready `bench serve ...` command (and the filled external template)."""
-    from sweep.tune.space import fill_template, serve_command
-    from sweep.tune.study import best_trials
-
-    out: list[dict[str, Any]] = []
-    for trial in best_trials(study):
-        knobs = trial.user_attrs.get("knobs", trial.params)
-        if any(entry["knobs"] == knobs for entry in out):  # a configuration measured twice shows once
-            continue
-        run_dir = trial.user_attrs.get("run_dir")
-        out.append(
-            {
-                "number": trial.number,
-                "values": trial.values,
-                "knobs": knobs,
-                "run_dir": run_dir,
-                "serve_command": serve_command(model, knobs),
-                "launch_command": (fill_template(launch_command, model, knobs, port=8000, host="127.0.0.1")
-                               if launch_command else None),
-                "metrics": trial.user_attrs.get("metrics", {}),
-                "spread": trial.user_attrs.get("spread"),
-            }
-        )
-    return out
-
-
+@with_shape_options(help={
+    "replay": "Every trial replays the trace at its timestamps (a workload with timestamps); --objective goodput, "
+    "pareto or cost only: max-load has no load to search in a replay (docs/TUNE.md).",
+    "time_scale": "--replay: the trace time multiplier of every trial (one number; 2 = half speed, 0.5 = double).",
+    "ramp_up_strategy": "Every trial measures one open-loop point whose rate ramps (vLLM): linear | exponential; "
+    "--objective goodput, pareto or cost only (max-load cannot scale a ramp).",
+    "rate_curve": "With --request-rate: arrivals follow this rate curve, rescaled to each point's mean rate (the "
+    "fixed rate, or each rate the max-load search tries): relative window rates (1,4,2) or a shipped mix's curve.",
+})
 def tune(
     ctx: typer.Context,
+    shape: LoadShape,
     model: str = typer.Option("smollm2-135m", help="Model alias, HF directory or hub id."),
     slo: str = shared_option(
         "slo", ..., help="SLO, e.g. ttft=500,tpot=50 (ms; any of ttft, tpot, e2el, itl_p99, max_stall; "
@@ -114,9 +80,11 @@ def tune(
     output_len: int | None = shared_option(
         "output_len", help="Output tokens for generated workloads (fixed/random: 64)."
     ),
-    num_prompts: int = shared_option(
-        "num_prompts", 32, help="Prompts per load point (at least the point's concurrency)."
+    num_prompts: int | None = shared_option(
+        "num_prompts", help="Prompts per load point (default 32 unless --duration; at least one per stream: the "
+        "point's concurrency, times --turns with sessions)."
     ),
+    duration: float | None = shared_option("duration"),
     num_warmups: int = shared_option("num_warmups", 1, help="Warm-up prompts before each point (not measured)."),
     endpoint: str = shared_option("endpoint"),
     seed: int = typer.Option(0, help="Workload and sampler seed."),
@@ -189,13 +157,18 @@ def tune(
 
     from sweep.point.benchmark_metrics import parse_slo, slo_classes
     from sweep.point.prompts import check_slo_classes
-    from sweep.point.runner import WorkloadConfig
     from sweep.tune.backend import EngineBackend, TrialWorkload
+    from sweep.tune.load_checks import (
+        check_simulated_shape,
+        check_trial_sweep,
+        check_workload,
+        study_longest_request,
+        tune_load,
+    )
     from sweep.tune.objective import ObjectiveSpec
-    from sweep.tune.report import SPACE_NOTES, render_best_sweep_report, write_report
+    from sweep.tune.report import SPACE_NOTES, best_commands, render_best_sweep_report, write_report
     from sweep.tune.space import DeviceInfo, SpaceError, build_space, fill_template
     from sweep.tune.study import TuneAborted, TuneObjective, check_space_matches, open_study, run_study, storage_url
-    from sweep.tune.workload_lengths import longest_request, prompt_counts
 
     console = Console()
     n_trials_given = n_trials is not None
@@ -204,8 +177,7 @@ def tune(
         slo_ms = parse_slo(slo)
         if not slo_ms:
             raise ValueError("--slo needs at least one of ttft, tpot, e2el, itl_p99, max_stall")
-        if concurrency is not None and request_rate is not None:
-            raise ValueError("give --concurrency or --request-rate, not both")
+        mode, given_load = tune_load(objective, concurrency, request_rate, shape)
         if steady_window not in (None, "auto"):
             raise ValueError(f"--steady-window takes 'auto', got {steady_window!r}")
         if trial_timeout < 0:
@@ -233,12 +205,12 @@ def tune(
             from sweep.simulate.simulation import load_profile
             from sweep.tune.simulate_first import resolve_step_error
 
+            check_simulated_shape(shape)
             profile = load_profile(simulate_first)
             if profile.knobs.get("model") not in (None, model):
                 raise ValueError(f"--simulate-first {simulate_first} profiles {profile.knobs['model']}, not {model}")
             step_error = resolve_step_error(prune_step_error, profile)
-        mode = "rate" if request_rate is not None else "concurrency"
-        load = request_rate if request_rate is not None else (concurrency or (1 if objective == "max-load" else 8))
+        load = given_load if given_load is not None else (1 if objective == "max-load" else 8)
         spec = ObjectiveSpec(
             kind=objective,
             attainment=attainment,
@@ -249,19 +221,25 @@ def tune(
         )
         if workload in ("fixed", "random"):  # shipped mixes and traces bring their own lengths: pass none
             input_len, output_len = input_len or 256, output_len or 64
-        _check_workload(workload, input_len, output_len, seed)
+        check_workload(workload, input_len, output_len, seed)
+        trial_workload = TrialWorkload(
+            model=model, workload=workload, input_len=input_len, output_len=output_len,
+            num_prompts=num_prompts if num_prompts is not None or duration is not None else 32, duration=duration,
+            num_warmups=num_warmups, endpoint=endpoint, seed=seed, tokenizer=tokenizer, slo=slo_ms, load_mode=mode,
+            cost_per_hour=cost_per_hour, gpus_per_instance=gpus_per_instance, steady_window=steady_window,
+            **shape.workload_fields(), **shape.sweep_fields(),
+        )  # fmt: skip
+        check_trial_sweep(trial_workload, load)  # the sweep's own checks of the shape, once
         if slo_classes(slo_ms):  # a class the workload lacks is one clear error before any trial
             check_slo_classes(
-                WorkloadConfig(workload=workload, input_len=input_len, output_len=output_len, seed=seed),
+                trial_workload.workload_config(None),
                 slo_ms,
-                num_prompts,
+                trial_workload.num_prompts,
             )
         # vLLM's HF directory is one we can read: its context bounds max_model_len as the built-in engine's does.
         readable = not launch_command or (engine_preset.name == "vllm" and Path(model).is_dir())
         model_max_len = _model_max_len(model) if readable else None
-        top = spec.max_load if objective == "max-load" else load  # the other objectives measure one load
-        counts = prompt_counts(num_prompts, mode, load, top)
-        longest = longest_request(workload, input_len, output_len, seed, counts, tokenizer or model, endpoint)
+        longest = study_longest_request(trial_workload, spec, tokenizer or model)
         device = DeviceInfo.detect(model_max_len=model_max_len, min_model_len=longest,
                                    tensor_parallel_sizes=_model_tensor_parallel_sizes(model))  # fmt: skip
         search_space = build_space(device, space)
@@ -288,22 +266,6 @@ def tune(
     output_dir.mkdir(parents=True, exist_ok=True)
     url = storage_url(storage, output_dir)
     name = study_name or default_study_name(model, workload, objective)
-    trial_workload = TrialWorkload(
-        model=model,
-        workload=workload,
-        input_len=input_len,
-        output_len=output_len,
-        num_prompts=num_prompts,
-        num_warmups=num_warmups,
-        endpoint=endpoint,
-        seed=seed,
-        tokenizer=tokenizer,
-        slo=slo_ms,
-        load_mode=mode,
-        cost_per_hour=cost_per_hour,
-        gpus_per_instance=gpus_per_instance,
-        steady_window=steady_window,
-    )
     info = {
         "model": model,
         "workload": workload,
@@ -313,6 +275,7 @@ def tune(
         "load_mode": mode,
         "load": load,
         "launch_command": launch_command or "",
+        **({"load_shape": shape.given()} if shape.given() else {}),
         "engine": engine_preset.name,
         "repeats": repeats,
         "trial_timeout_s": trial_timeout or None,

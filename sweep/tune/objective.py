@@ -24,6 +24,10 @@ from typing import Any
 from sweep.point.saturation import is_saturated
 
 OBJECTIVES = ("max-load", "goodput", "pareto", "cost")
+REPLAY_MAX_LOAD = (
+    "--replay sends the trace at its own timestamps, so --objective max-load has no load to search; tune a replay "
+    "with --objective goodput, pareto or cost (at --time-scale S, one value)"
+)
 NO_COST = 1e12  # USD per million tokens told for a point with no good request (no finite cost)
 
 
@@ -45,8 +49,8 @@ INFEASIBLE_CAUSES = ("constraint", "start", "oom", "crash", "unhealthy", "timeou
 class ObjectiveSpec:
     kind: str = "max-load"
     attainment: float = 0.9
-    load_mode: str = "concurrency"  # "concurrency" (closed loop) or "rate" (open loop, req/s)
-    load: float = 8  # the fixed load of `goodput` and `pareto`
+    load_mode: str = "concurrency"  # "concurrency" (closed loop), "rate" (open loop, req/s) or "replay" (a trace)
+    load: float = 8  # the fixed load of `goodput`, `pareto` and `cost` (replay: the time scale)
     min_load: float = 1  # the max-load search starts here ...
     max_load: float = 64  # ... and never goes above this
     rate_precision: float = 0.1  # bisection on rates stops when the bracket is narrower than this fraction
@@ -57,8 +61,10 @@ class ObjectiveSpec:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.kind!r}")
         if not 0.0 < self.attainment <= 1.0:
             raise ValueError(f"attainment must be in (0, 1], got {self.attainment}")
-        if self.load_mode not in ("concurrency", "rate"):
-            raise ValueError(f"load mode must be 'concurrency' or 'rate', got {self.load_mode!r}")
+        if self.load_mode not in ("concurrency", "rate", "replay"):
+            raise ValueError(f"load mode must be 'concurrency', 'rate' or 'replay', got {self.load_mode!r}")
+        if self.load_mode == "replay" and self.kind == "max-load":
+            raise ValueError(REPLAY_MAX_LOAD)
         if not 0 < self.min_load <= self.max_load:
             raise ValueError(f"need 0 < min_load <= max_load, got {self.min_load}, {self.max_load}")
 

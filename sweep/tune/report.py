@@ -1,4 +1,5 @@
-"""`tune_report.html`: Optuna's matplotlib plots (embedded PNGs), the trial table and the best configuration."""
+"""`tune_report.html`: Optuna's matplotlib plots (embedded PNGs), the trial table and the best configuration;
+`best_commands`: the best trials as runnable commands (best.json)."""
 
 from __future__ import annotations
 
@@ -209,3 +210,29 @@ def write_report(study: optuna.Study, output_dir: Path, commands: list[dict[str,
     path = output_dir / "tune_report.html"
     write_atomic(path, page)
     return path
+
+
+def best_commands(study: Any, model: str, launch_command: str | None) -> list[dict[str, Any]]:
+    """Each best trial as a ready `bench serve ...` command (and the filled external template)."""
+    from sweep.tune.space import fill_template, serve_command
+
+    out: list[dict[str, Any]] = []
+    for trial in best_trials(study):
+        knobs = trial.user_attrs.get("knobs", trial.params)
+        if any(entry["knobs"] == knobs for entry in out):  # a configuration measured twice shows once
+            continue
+        run_dir = trial.user_attrs.get("run_dir")
+        out.append(
+            {
+                "number": trial.number,
+                "values": trial.values,
+                "knobs": knobs,
+                "run_dir": run_dir,
+                "serve_command": serve_command(model, knobs),
+                "launch_command": (fill_template(launch_command, model, knobs, port=8000, host="127.0.0.1")
+                               if launch_command else None),
+                "metrics": trial.user_attrs.get("metrics", {}),
+                "spread": trial.user_attrs.get("spread"),
+            }
+        )
+    return out

@@ -88,7 +88,6 @@ class SimulatedBackend:
     def launch(self, knobs: dict[str, Any], trial_dir: Path) -> Iterator[Callable[[int], MeasurePoint]]:
         from rich.console import Console
 
-        from sweep.point.runner import WorkloadConfig
         from sweep.run.cost import CostConfig
         from sweep.simulate.simulation import SimulateConfig, Simulator
 
@@ -107,9 +106,9 @@ class SimulatedBackend:
             profile=self.profile,
             mode=w.load_mode,
             engine_knobs={**self.extra_knobs, **knobs, "model": w.model},
-            workload=WorkloadConfig(workload=w.workload, input_len=w.input_len, output_len=w.output_len,
-                                    seed=w.seed, endpoint=w.endpoint, max_model_len=knobs.get("max_model_len")),
+            workload=w.workload_config(knobs.get("max_model_len")),
             num_prompts=w.num_prompts,
+            duration=w.duration,
             burstiness=w.burstiness,
             slo=w.slo or None,
             percentiles=list(w.percentiles),
@@ -122,8 +121,7 @@ class SimulatedBackend:
             raise Infeasible(f"simulation: {err}", cause="simulation") from err
 
         def measure(load: float) -> dict[str, Any]:
-            if w.load_mode == "concurrency":
-                config.num_prompts = max(w.num_prompts, int(load))
+            config.num_prompts = w.prompts_for(load)
             return simulator.measure(load)
 
         yield lambda repeat: measure

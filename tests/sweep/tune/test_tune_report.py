@@ -5,9 +5,8 @@ from pathlib import Path
 
 from tune_fakes import FakeBackend
 
-from sweep.tune.commands import best_commands
 from sweep.tune.objective import ObjectiveSpec
-from sweep.tune.report import render_best_sweep_report, write_report
+from sweep.tune.report import best_commands, render_best_sweep_report, write_report
 from sweep.tune.space import DeviceInfo, build_space
 from sweep.tune.study import TuneObjective, open_study, run_study, storage_url
 
