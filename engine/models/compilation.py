@@ -107,8 +107,8 @@ def compile_forward(
     if report:
         logger.info(PROGRESS_LINE)
     start = time.perf_counter()
-    regions = compile_regions(model)
     try:
+        regions = compile_regions(model)
         for region in regions:
             region.mark_dynamic = True
         warm_up(2)

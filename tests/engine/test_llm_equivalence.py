@@ -64,7 +64,11 @@ class Reference:
 
 @pytest.fixture(scope="module", params=MODELS)
 def reference(request: pytest.FixtureRequest) -> Reference:
-    model_name, max_tokens = request.param
+    return build_reference(*request.param)
+
+
+def build_reference(model_name: str, max_tokens: int) -> Reference:
+    """HF's greedy continuations of TEXTS, `max_tokens` each, for the engines to match."""
     tokenizer = get_tokenizer(model_name)
     prompts = [tokenizer.encode(text) for text in TEXTS]
     hf = AutoModelForCausalLM.from_pretrained(resolve_model(model_name), dtype=torch.float32).eval()
