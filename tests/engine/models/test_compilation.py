@@ -49,7 +49,7 @@ def test_the_inductor_cache_is_servelabs_unless_the_user_set_one(monkeypatch: py
 def test_a_failed_compile_runs_eagerly_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def no_compiler(method: object) -> object:
+    def no_compiler(method: object, **options: object) -> object:
         def compiled(*args: object) -> object:  # inductor fails at the first call, as without a C++ compiler
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore detail")
 
