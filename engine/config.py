@@ -153,6 +153,12 @@ class ModelConfig:
         "auto",
         help="Paged attention kernels (auto: triton on CUDA, cpu on the CPU when its C++ kernel builds, else torch).",
     )
+    enforce_eager: bool = knob(
+        False,
+        help="Run the forward eagerly. Default: on the CPU each decoder layer's work outside attention is compiled "
+        "with torch.compile (inductor) at start-up, cached in <SERVELAB_CACHE>/inductor; SERVELAB_ENFORCE_EAGER=1 "
+        "in the environment also runs it eagerly.",
+    )
 
     def __post_init__(self) -> None:
         check_model_config(self)

@@ -38,6 +38,7 @@ class EngineCore:
         self.max_model_len: int = runner.max_model_len  # the config's, resolved when it was built
         self.eos_token_ids: list[int] = list(runner.eos_token_ids)
         self.vocab_size: int = runner.vocab_size
+        self.forward_mode: str = runner.forward_mode  # "compiled in 8.7 s" or "eager (reason)"
         # NoSpeculation when off. A draft model loads before the sizing: its weights and KV share the target's budget.
         self.spec_decoder = SpeculativeDecoder.from_config(config)
         self.num_gpu_blocks = runner.determine_num_blocks(extra_block_bytes=self.spec_decoder.draft_block_bytes)

@@ -47,6 +47,7 @@ from engine.model_files import gguf_source, load_hf_config, resolve_model
 from engine.model_input import ModelInput, prepare_model_input
 from engine.model_loader import load_model
 from engine.models import ArchConfig
+from engine.models.compilation import compile_forward
 from engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,11 @@ class ModelRunner:
             use_triton_fused_layers(self.model)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        # How the forward runs, for the start-up line: "compiled in 8.7 s" or "eager (reason)".
+        self.forward_mode = compile_forward(
+            self.model, self._warm_up, enforce_eager=mc.enforce_eager, device=self.device,
+            report=get_tp_group().rank_in_group == 0,
+        )  # fmt: skip
 
     def _eos_token_ids(self) -> list[int]:
         ids = list(self.arch.eos_token_ids)
@@ -264,6 +270,16 @@ class ModelRunner:
         while remaining > 0 and len(query_lens) < sc.max_num_seqs:
             query_lens.append(min(remaining, self.max_model_len))
             remaining -= query_lens[-1]
+        hidden = self._dummy_forward(query_lens)
+        self.model.compute_logits(hidden[: min(hidden.shape[0], sc.max_num_seqs)])
+
+    @torch.inference_mode()
+    def _warm_up(self, num_tokens: int) -> None:
+        """The compile's warm-up: one fresh prefill of `num_tokens` tokens, no KV cache."""
+        self._dummy_forward([num_tokens])
+
+    def _dummy_forward(self, query_lens: list[int]) -> torch.Tensor:
+        """The hidden states of fresh prefills of `query_lens` tokens (token id 0), with no KV cache."""
         num_tokens = sum(query_lens)
         input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(n, device=self.device) for n in query_lens])
@@ -271,10 +287,11 @@ class ModelRunner:
         tables = [[0] * -(-n // self.block_size) for n in query_lens]
         metadata = self.attn_backend.build_metadata(query_lens, query_lens, tables, slots, self.device)
         self.model.bind_kv_caches(None)
-        hidden = self.model(input_ids, positions, self.attn_backend, metadata)
-        self.model.compute_logits(hidden[: min(num_tokens, sc.max_num_seqs)])
-        if self.kv_caches:
-            self.model.bind_kv_caches(self.kv_caches)
+        try:
+            return self.model(input_ids, positions, self.attn_backend, metadata)
+        finally:
+            if self.kv_caches:
+                self.model.bind_kv_caches(self.kv_caches)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks)

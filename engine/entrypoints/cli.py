@@ -113,7 +113,7 @@ def run_server(knobs: dict[str, Any], **server_options: Any) -> int:
         startup_line = (
             f"Serving {served_name} (model {info.model}, max_model_len {info.max_model_len}, tensor_parallel_size "
             f"{info.tensor_parallel_size}, KV cache {info.num_gpu_blocks} blocks x {info.block_size} = "
-            f"{info.kv_capacity_tokens} tokens per rank) "
+            f"{info.kv_capacity_tokens} tokens per rank, forward {info.forward_mode}) "
             f"at http://{url_host}:{port}"
         )
         server = Server(engine, tokenizer, server_config, metrics)

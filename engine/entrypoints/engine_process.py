@@ -44,6 +44,7 @@ class EngineInfo:
     # Engine clock → Unix time: epoch_seconds = engine_monotonic + epoch_offset (measured in the engine process).
     epoch_offset: float
     tensor_parallel_size: int = 1  # num_gpu_blocks is per rank: each rank's cache holds its KV heads of every block
+    forward_mode: str = "eager"  # EngineCore.forward_mode: "compiled in 8.7 s" or "eager (reason)"
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -60,6 +61,7 @@ def _engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
         block_size=config.cache_config.block_size,
         epoch_offset=time.time() - time.monotonic(),
         tensor_parallel_size=config.parallel_config.tensor_parallel_size,
+        forward_mode=core.forward_mode,
     )
 
 

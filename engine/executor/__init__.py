@@ -18,6 +18,7 @@ class Executor(Protocol):
     eos_token_ids: list[int]
     vocab_size: int
     device: torch.device
+    forward_mode: str  # for the start-up line: "compiled in 8.7 s", "eager (reason)"
 
     def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:
         """The number of KV blocks of `cache_config.block_size` tokens the cache will hold. Each block also costs

@@ -185,10 +185,11 @@ class MultiprocExecutor:
         self.eos_token_ids: list[int] = info.eos_token_ids
         self.vocab_size: int = info.vocab_size
         self.dtype = _DTYPES[info.dtype]
+        self.forward_mode: str = info.forward_mode  # rank 0's; every rank compiles its own forward
         logger.info(
-            "tensor_parallel_size=%d: %d %s worker processes on %s (%s, %d torch threads each)", tp, tp,
+            "tensor_parallel_size=%d: %d %s worker processes on %s (%s, %d torch threads each; forward %s)", tp, tp,
             "forked" if self.start_method == "fork" else "spawned", info.device,
-            "nccl" if worker_device.type == "cuda" else "gloo", info.num_threads,
+            "nccl" if worker_device.type == "cuda" else "gloo", info.num_threads, info.forward_mode,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- the Executor

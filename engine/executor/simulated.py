@@ -44,6 +44,7 @@ class SimulatedExecutor:
         self.eos_token_ids = [eos_token_id]
         self.vocab_size = vocab_size
         self.device = torch.device("cpu")
+        self.forward_mode = "simulated (no model)"
         self.clock = clock if clock is not None else VirtualClock()
         self.token_id = token_id
         self.num_steps = 0

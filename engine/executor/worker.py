@@ -43,6 +43,7 @@ class WorkerInfo:
     dtype: str
     device: str
     num_threads: int
+    forward_mode: str  # the rank's ModelRunner.forward_mode: "compiled in 8.7 s" or "eager (reason)"
 
 
 @dataclass
@@ -132,6 +133,7 @@ def run_worker(rank: int, config: EngineConfig, init_method: str, conn: Connecti
             dtype=str(runner.dtype).removeprefix("torch."),
             device=str(runner.device),
             num_threads=_num_threads(),
+            forward_mode=runner.forward_mode,
         )
         _send(conn, Ready(info))
         _serve(rank, runner, conn)

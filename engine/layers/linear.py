@@ -161,5 +161,11 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return self.quant_method.apply(self, x, self.bias)
-        y = tensor_model_parallel_all_reduce(self.quant_method.apply(self, x, None))
+        y = _all_reduce(self.quant_method.apply(self, x, None))
         return y if self.bias is None else y + self.bias
+
+
+@torch.compiler.disable
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """The ranks' sum; inside the compiled forward (engine/models/compilation.py) a graph break, run eagerly."""
+    return tensor_model_parallel_all_reduce(x)

@@ -33,8 +33,21 @@ def onednn_prepack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W^T (+ bias) with W prepacked by `onednn_prepack`."""
+    """x @ W^T (+ bias) with W prepacked by `onednn_prepack`. Inside torch.compile it is one opaque op (the
+    packed weight does not trace through inductor's own lowering of the oneDNN kernel)."""
+    if torch.compiler.is_compiling():
+        return _onednn_linear_op(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("servelab::onednn_linear", mutates_args=())
+def _onednn_linear_op(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@_onednn_linear_op.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
 @lru_cache(maxsize=4)

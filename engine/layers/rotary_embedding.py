@@ -53,15 +53,18 @@ class RotaryEmbedding(nn.Module):
         # [max_position, head_dim // 2] each; a buffer so .to(device) moves it, not saved in checkpoints.
         self.register_buffer("cos_cache", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("sin_cache", freqs.sin().to(dtype), persistent=False)
-        self._positions: torch.Tensor | None = None
-        self._cos = self._sin = self.cos_cache[:0]
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables of `positions` [T] for `apply_rotary`: cos and sin, [T, 1, head_dim // 2] each."""
+        cos, sin = self.cos_cache.index_select(0, positions), self.sin_cache.index_select(0, positions)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim] (queries and keys stacked along heads: one call for both); positions: [T]."""
-        if positions is not self._positions:  # every layer of a step passes the same positions tensor
-            self._positions = positions
-            self._cos = self.cos_cache.index_select(0, positions).unsqueeze(1)
-            self._sin = self.sin_cache.index_select(0, positions).unsqueeze(1)
-        cos, sin = self._cos, self._sin
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return apply_rotary(x, *self.cos_sin(positions))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary on x [T, heads, head_dim] with the tables `RotaryEmbedding.cos_sin` gives."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -20,7 +20,7 @@ from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.logits_processor import LogitsProcessor
 from engine.layers.quantization import LinearMethodBase
-from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.layers.rotary_embedding import RotaryEmbedding, apply_rotary
 from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.models.arch_config import ArchConfig
 
@@ -45,16 +45,14 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary  # shared by all layers
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, backend: AttentionBackend, metadata: AttentionMetadata
-    ) -> torch.Tensor:
+    def qkv(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The projections before attention: rotated q [T, heads, head_dim], rotated k and v [T, kv_heads, head_dim]."""
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.kv_cache, metadata)
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        return q, k, v
 
 
 class LlamaMLP(nn.Module):
@@ -79,22 +77,37 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        backend: AttentionBackend,
-        metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def pre_attention(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Input norm (with the residual add), QKV projection and rotary: (q, k, v, residual)."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, backend, metadata)
+        q, k, v = self.self_attn.qkv(hidden, cos, sin)
+        return q, k, v, residual
+
+    def post_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output projection, post-attention norm (with the residual add) and the MLP: (hidden, residual)."""
+        hidden = self.self_attn.o_proj(attn_out.view(attn_out.shape[0], self.self_attn.q_size))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        backend: AttentionBackend,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`cos`/`sin`: the step's rotary tables (RotaryEmbedding.cos_sin); attention runs in the backend."""
+        q, k, v, residual = self.pre_attention(hidden, residual, cos, sin)
+        out = backend.forward(q, k, v, self.self_attn.kv_cache, metadata)
+        return self.post_attention(out, residual)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -116,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(
+        self.rotary = rotary = RotaryEmbedding(
             config.head_dim,
             max_position or config.max_position_embeddings,
             config.rope_theta,
@@ -144,8 +157,9 @@ class LlamaForCausalLM(nn.Module):
         """Final normed hidden states of the tokens `output_rows` (default: all); feed them to compute_logits."""
         hidden = self.embed_tokens(input_ids)
         residual = None
+        cos, sin = self.rotary.cos_sin(positions)  # once per step: every layer rotates at the same positions
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, backend, metadata)
+            hidden, residual = layer(hidden, residual, cos, sin, backend, metadata)
         assert residual is not None
         if output_rows is not None:
             hidden, residual = hidden.index_select(0, output_rows), residual.index_select(0, output_rows)

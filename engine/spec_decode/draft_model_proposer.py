@@ -45,7 +45,7 @@ class DraftModelProposer:
         self.k = spec.num_speculative_tokens
         draft_config = EngineConfig(
             ModelConfig(model=spec.model, dtype=mc.dtype, device=mc.device, seed=mc.seed,
-                        max_model_len=mc.max_model_len + self.k),
+                        max_model_len=mc.max_model_len + self.k, enforce_eager=mc.enforce_eager),
             CacheConfig(block_size=cc.block_size, enable_prefix_caching=False, kv_cache_dtype=cc.kv_cache_dtype),
             replace(config.scheduler_config, speculative_config=None),
         )  # fmt: skip

@@ -24,7 +24,7 @@ KNOB_VALUES: dict[str, Any] = {
     "num_gpu_blocks_override": 20, "kv_cache_dtype": "bfloat16", "max_num_seqs": 3,
     "max_num_batched_tokens": 96,
     "enable_chunked_prefill": False, "inject_step_delay_ms": 1.5, "tensor_parallel_size": 2, "cpu_threads": 1,
-    "attention_backend": "torch",
+    "attention_backend": "torch", "enforce_eager": True,
     "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}',
     "structured_outputs_config": '{"disable_any_whitespace": true}',
 }  # fmt: skip

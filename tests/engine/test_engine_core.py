@@ -89,7 +89,7 @@ class FixedTokenExecutor:
 
     def __init__(self, token: int, num_blocks: int) -> None:
         self.max_model_len, self.eos_token_ids, self.vocab_size = 64, [0], 32
-        self.device = torch.device("cpu")
+        self.device, self.forward_mode = torch.device("cpu"), "eager (fake executor)"
         self.token, self.num_blocks, self.steps = token, num_blocks, 0
 
     def determine_num_blocks(self, extra_block_bytes: int = 0) -> int:

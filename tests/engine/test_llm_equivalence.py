@@ -93,7 +93,11 @@ def hf_greedy(model_name: str, max_tokens: int) -> tuple[list[list[int]], list[l
 
 @pytest.fixture(scope="module", params=MODELS)
 def reference(request: pytest.FixtureRequest) -> Reference:
-    model_name, max_tokens, attention_backend = request.param
+    return build_reference(*request.param)
+
+
+def build_reference(model_name: str, max_tokens: int, attention_backend: str = "auto") -> Reference:
+    """HF's greedy continuations of TEXTS, `max_tokens` each, for engines on `attention_backend` to match."""
     prompts, expected = hf_greedy(model_name, max_tokens)
     return Reference(model_name, max_tokens, prompts, expected, attention_backend)
 
