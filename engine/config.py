@@ -154,10 +154,11 @@ class ModelConfig:
         help="Paged attention kernels (auto: triton on CUDA, cpu on the CPU when its C++ kernel builds, else torch).",
     )
     enforce_eager: bool = knob(
-        False,
-        help="Run the forward eagerly. Default: on the CPU each decoder layer's work outside attention is compiled "
-        "with torch.compile (inductor) at start-up, cached in <SERVELAB_CACHE>/inductor; SERVELAB_ENFORCE_EAGER=1 "
-        "in the environment also runs it eagerly.",
+        True,
+        help="Run the forward eagerly (the default here, unlike vLLM's: on the CPU hosts measured, the compiled "
+        "forward was no faster, docs/BENCHMARKS.md). --no-enforce-eager compiles each decoder layer's work outside "
+        "attention with torch.compile (inductor) at start-up, cached in <SERVELAB_CACHE>/inductor; "
+        "SERVELAB_ENFORCE_EAGER=1 in the environment keeps it eager even then.",
     )
 
     def __post_init__(self) -> None:

@@ -18,7 +18,9 @@ specialises size 1: its own graph), each with and without the incoming residual 
 changing batch never recompiles after start-up.
 
 Cache: inductor's FX graph cache lives in TORCHINDUCTOR_CACHE_DIR, `<servelab cache>/inductor` unless the user set
-it, so a second start reuses the first's kernels. `--enforce-eager` (vLLM's flag) or SERVELAB_ENFORCE_EAGER=1 in the
+it, so a second start reuses the first's kernels. It runs only with `--no-enforce-eager`: eager is the default, since
+the compiled forward measured no faster (docs/BENCHMARKS.md, 2026-12-03: batch 1 43.3 vs 40.5 ms TPOT eager, batch
+32 within the run-order noise). `--enforce-eager` (vLLM's flag) or SERVELAB_ENFORCE_EAGER=1 in the
 environment (the test suite sets it: tests/conftest.py) runs the forward eagerly; so does a failed compile, after one
 warning with the reason. On CUDA the forward stays eager (the triton backend brings its own fused kernels).
 """

@@ -51,10 +51,12 @@ class Reference:
     prompts: list[list[int]]
     expected: list[list[int]]
     attention_backend: str
+    default_knobs: dict[str, object] = field(default_factory=dict)  # under every engine's own knobs
     _llms: dict[tuple, LLM] = field(default_factory=dict)
 
     def llm(self, **knobs: object) -> LLM:
         """One engine per knob set, reused across tests (loading is the slow part)."""
+        knobs = {**self.default_knobs, **knobs}
         key = tuple(sorted(knobs.items()))
         if key not in self._llms:
             self._llms[key] = LLM(
@@ -96,10 +98,11 @@ def reference(request: pytest.FixtureRequest) -> Reference:
     return build_reference(*request.param)
 
 
-def build_reference(model_name: str, max_tokens: int, attention_backend: str = "auto") -> Reference:
-    """HF's greedy continuations of TEXTS, `max_tokens` each, for engines on `attention_backend` to match."""
+def build_reference(model_name: str, max_tokens: int, attention_backend: str = "auto", **knobs: object) -> Reference:
+    """HF's greedy continuations of TEXTS, `max_tokens` each, for engines on `attention_backend` (with `knobs`
+    under each engine's own) to match."""
     prompts, expected = hf_greedy(model_name, max_tokens)
-    return Reference(model_name, max_tokens, prompts, expected, attention_backend)
+    return Reference(model_name, max_tokens, prompts, expected, attention_backend, dict(knobs))
 
 
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:

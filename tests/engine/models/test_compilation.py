@@ -35,7 +35,8 @@ def test_eager_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_suite_runs_engines_eagerly() -> None:
-    assert runner().forward_mode == f"eager ({ENFORCE_EAGER_ENV}=1)"  # tests/conftest.py
+    assert runner().forward_mode == "eager (--enforce-eager)"  # the default
+    assert runner(enforce_eager=False).forward_mode == f"eager ({ENFORCE_EAGER_ENV}=1)"  # tests/conftest.py
 
 
 def test_the_inductor_cache_is_servelabs_unless_the_user_set_one(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -60,7 +61,8 @@ def test_a_failed_compile_runs_eagerly_and_says_so_once(
     monkeypatch.setattr(compilation, "_fallback_reported", False)
     eager = runner(enforce_eager=True)
     with caplog.at_level(logging.WARNING, logger="engine.models.compilation"):
-        first, second = runner(), runner()  # a second model in the process (a draft) does not repeat it
+        # a second model in the process (a draft) does not repeat it
+        first, second = runner(enforce_eager=False), runner(enforce_eager=False)
     reason = "torch.compile failed: RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
     assert first.forward_mode == second.forward_mode == f"eager ({reason})"
     assert [r.getMessage() for r in caplog.records] == [
