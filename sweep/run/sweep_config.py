@@ -93,6 +93,9 @@ class SweepConfig(LoadConfig):
                 )
         if self.search_repeats < 0:
             raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
+        if not self.max_load_under_slo and (self.search_repeats or self.confidence != 0.95):
+            raise ValueError("--search-repeats and --confidence shape the --max-load-under-slo search; add that flag "
+                             "or drop them")
         if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
             raise ValueError(
                 f"--warmup-seconds and --cooldown-seconds must be >= 0, got {self.warmup_seconds}, "

@@ -153,3 +153,13 @@ def test_a_bad_confidence_is_a_usage_error_before_anything_is_sent(tmp_path: Pat
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "--confidence must be in (0, 1)" in result.output, result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--confidence", "0.8"], ["--search-repeats", "2"]])
+def test_search_flags_without_the_search_are_a_usage_error(tmp_path: Path, flags: list[str]) -> None:
+    out = tmp_path / "run"
+    args = ["sweep", "--url", "http://127.0.0.1:9/v1", "--concurrency", "1", "--slo", "ttft=100", *flags,
+            "--output-dir", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "add that flag or drop them" in result.output, result.output
+    assert not out.exists()
