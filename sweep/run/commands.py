@@ -24,6 +24,7 @@ from sweep.mock.machine_speed import host_warnings
 from sweep.run.load_shape import LoadShape
 from sweep.run.results import CONFIG
 from sweep.run.run_info import openai_base_url
+from sweep.run.search import DEFAULT_CONFIDENCE
 
 
 @with_engine_knobs
@@ -71,7 +72,8 @@ def sweep(
         "good and judged requests, until it passes or fails with --confidence.", rich_help_panel=LOAD_PANEL,
     ),
     confidence: float = typer.Option(
-        0.95, help="--max-load-under-slo: confidence level of each load's attainment interval (Wilson score); "
+        DEFAULT_CONFIDENCE,
+        help="--max-load-under-slo: confidence level of each load's attainment interval (Wilson score); "
         "a load passes when the interval's lower bound >= --attainment, fails when its upper bound is below.",
         rich_help_panel=LOAD_PANEL,
     ),

@@ -29,6 +29,8 @@ from typing import Any
 
 from sweep.point.saturation import is_saturated
 
+DEFAULT_CONFIDENCE = 0.95  # `bench sweep --confidence`'s default
+
 VERDICTS = ("pass", "fail", "uncertain")
 
 

@@ -15,7 +15,7 @@ from sweep.point.cancel import CancelConfig
 from sweep.point.client import REQUEST_TIMEOUT_S, STALL_TIMEOUT_S
 from sweep.point.saturation import SaturationConfig
 from sweep.run.load_config import LoadConfig
-from sweep.run.search import check_confidence
+from sweep.run.search import DEFAULT_CONFIDENCE, check_confidence
 
 
 @dataclass
@@ -35,7 +35,7 @@ class SweepConfig(LoadConfig):
     num_warmups: int = 0
     reset_prefix_cache: bool = False
     search_repeats: int = 0  # --max-load-under-slo: at most this many more measurements of an uncertain probe
-    confidence: float = 0.95  # --max-load-under-slo: each probe's attainment interval's level (sweep/run/search.py)
+    confidence: float = DEFAULT_CONFIDENCE  # --max-load-under-slo: each probe's interval level (sweep/run/search.py)
     resume: bool = False
     client_procs: int = 1
     repeats: int = 1  # see sweep/run/repeats.py
@@ -93,7 +93,7 @@ class SweepConfig(LoadConfig):
                 )
         if self.search_repeats < 0:
             raise ValueError(f"--search-repeats must be >= 0, got {self.search_repeats}")
-        if not self.max_load_under_slo and (self.search_repeats or self.confidence != 0.95):
+        if not self.max_load_under_slo and (self.search_repeats or self.confidence != DEFAULT_CONFIDENCE):
             raise ValueError("--search-repeats and --confidence shape the --max-load-under-slo search; add that flag "
                              "or drop them")
         if self.warmup_seconds < 0 or self.cooldown_seconds < 0:
