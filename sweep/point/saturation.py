@@ -1,43 +1,51 @@
 """Over-saturation detection for open-loop (`--request-rate`) points: is the target keeping up with the load?
 
 Past its capacity a server's queue grows for the whole point: every latency then measures how long the point ran,
-not the server. While a rate point runs, `SaturationMonitor` samples every `interval_s` (0.5 s):
+not the server. While a rate point sends, `SaturationMonitor` samples every `interval_s` (0.5 s):
 
 - `due`: requests whose scheduled send time has passed (sent or still waiting for a `--max-concurrency` slot),
 - `finished`: requests that ended (any outcome), so `in_flight = due - finished` (the client's queue included),
 - the TTFT of the requests that finished since the last sample,
 - `ramp_s`, the ramp-up's length: the `ramp_quantile` (p90) E2EL of the point's first `ramp_requests` (20)
-  requests, once they have all finished (their E2EL is the service time before any queue could build up).
+  requests, once they have all finished (their E2EL is the service time before any queue could build up). In a
+  sweep it is bounded by `ramp_bound_factor` (2) x `reference_service_s`, the p90 E2EL of the highest lower rate
+  the detector judged not saturated: past capacity the first requests already queue (on a 2-core CPU at 1.6x
+  capacity they took 35 s against 4.3 s one load below), and the ramp-up is taken to end at the bound once they
+  have been in flight that long.
 
-The rule (`SaturationDetector`), evaluated at each sample over the last `window_s` seconds (10 s), or over
-`ramp_windows` (4) x `ramp_s` when that is longer (a stable queue's in-flight count wanders on the time scale of
-its service time, so the window spans several):
+The rule (`SaturationDetector`), evaluated at each sample over the window from `ramp_s` to now (every sample past
+the ramp-up; at least `window_s`, 10 s, long):
 
-1. rate deficit: the completion rate over the window is below the rate the client offered over it (due
-   requests / window) by more than `rate_margin` (10 %): finished < 0.9 x due, and the shortfall (the in-flight
-   count's rise over the window) exceeds `noise_z` (4) x sqrt(2 x in-flight at the window's start, at most the due
-   count), what a stable queue's count fluctuates by (its variance is about its mean, as a Poisson count's);
+1. rate deficit: the completions over the window fall short of the requests that came due over it by more than
+   `rate_margin` (10 %): finished < 0.9 x due, and the shortfall (the in-flight count's rise over the window)
+   exceeds `noise_z` (4) x sqrt(due + finished), what the difference of two independent Poisson counts of
+   those sizes fluctuates by. (A continuous-batching server's in-flight count wanders far more than a Poisson
+   count of its mean: each extra request slows every other one; a bound on its mean let such servers fire at
+   half their capacity, the arrivals' and completions' own noise does not.)
 2. rising backlog: the least-squares slope of `in_flight` over the window's samples is > 0 and its t-statistic
    (slope / its standard error) is at least `min_t_stat` (4): the backlog grows steadily, not by a burst;
 3. both hold at `confirm` (3) consecutive samples;
-4. not before `min_observe_s` (10 s) into the point, and only when the window starts after `ramp_s`: while a
-   point ramps up from empty, completions lag sends by one service time and the in-flight count rises to its
-   level, which is neither a deficit nor a trend (condition 4 keeps the detector from reading that ramp as
-   saturation, however long the target's requests take; until the first requests have finished it cannot fire).
+4. not before `min_observe_s` (10 s) into the point, and only while the point sends (a draining point's backlog
+   only falls): the window starts after the ramp-up, when completions lag sends by one service time and the
+   in-flight count rises to its level, which is neither a deficit nor a trend (until the first requests have
+   finished, or the bound has passed, it cannot fire).
 
-Below capacity the completions catch up with the sends after the ramp (1 fails) and the in-flight count only
-fluctuates around its level (2 fails). Above it (offered rate x capacity ratio rho > 1), completions run at the
-capacity, 1 - 1/rho below the offer (a third at 1.5x), and the backlog grows by (rho - 1) x capacity each second.
-The point is then marked `saturated: true` with `saturated_at_s` (seconds from the point's start) and the
-evidence (`saturation`); with `--stop-when-saturated` the point stops there (sweep.point.watch).
+Below capacity the completions keep up with the sends (1 fails) and the in-flight count only fluctuates around
+its level (2 fails). Above it (offered rate lambda above the capacity mu), completions run at mu and the backlog
+grows by lambda - mu each second, so condition 1 holds once the window is about 16 (lambda + mu) / (lambda - mu)^2
+seconds long: a few seconds at 2x a fast server's capacity, a minute at 1.5x of 2.5 req/s. The point is then
+marked `saturated: true` with `saturated_at_s` (seconds from the point's start) and the evidence
+(`saturation`); with `--stop-when-saturated` the point stops there (sweep.point.watch).
 
-Measured (tests/sweep/point/test_saturation.py, 40 seeded synthetic trials each: Poisson arrivals into a FIFO
-server with 8 slots, service 0.25 s +- 50 %, sampled as above): at 0.5x and 0.9x capacity the detector never fired
-in 60 s (false-positive rate 0/40 each); at 1.5x, 2x and 4x it fired in every trial, by 12 s (10 s of minimum
-observation plus 3 confirming samples); at 1.2x in every trial, by 21 s. With 5 s requests (64 slots, 20 trials)
-it never fired at 0.5x and fired at 1.5x by 40 s (the window stretches to four service times). Weak spot: a few
-requests per window (1 slot, 0.5 s service, 1-3 req/s): 15 of 20 trials caught a 1.5x overload within 60 s, and
-at 0.9x, where a one-slot queue wanders far, 5 of 20 fired (none at 0.5x).
+Measured (tests/sweep/point/test_saturation.py, seeded synthetic trials, Poisson arrivals, sampled as above), on
+two servers: a FIFO server with 8 slots and service 0.25 s +- 50 % (40 trials a load): never fired below capacity
+(0/40 at 0.5x and 0.9x in 60 s, 0/100 at 0.9x and 0.95x in 120 s), fired in every trial at 1.5x, 2x and 4x by
+13.5 s and at 1.2x by 52 s; and a continuous-batching server (every step serves all requests in flight and
+takes 29 ms + 6.25 ms per request, 64 +- 30 % steps a request: capacity 2.5 req/s, as the built-in engine on two
+CPU cores with 128 -> 64 tokens), its ramp bounded from a 0.4x point as a sweep bounds it (100 trials of 120 s a
+load below capacity, 40 of 60 s above): 0/100 at 0.8x, 1/100 at 0.9x, 9/100 at 0.95x (where the ramp-up to the
+level lasts minutes); every trial at 1.5x by 55 s, 2x by 30 s, 3x by 25 s. Weak spot: few requests a second. At
+1-3 req/s into a one-slot FIFO server a 1.5x overload is rarely caught in 60 s (the window needs about 80 s).
 
 Closed-loop points (`--concurrency`, or an infinite rate) cannot over-saturate in this sense: the client sends only
 when a request ends, so the backlog is bounded by the concurrency and the server's slowness shows as latency,
@@ -75,8 +83,11 @@ class SaturationConfig:
     confirm: int = 3
     ramp_quantile: float = 90.0
     ramp_requests: int = 20
-    ramp_windows: float = 4.0  # the window spans at least this many ramp-ups (service times)
+    ramp_bound_factor: float = 2.0  # the ramp-up lasts at most this many reference service times
     noise_z: float = 4.0
+    judge_ratio: float = 2.0  # `saturated: false` only once an overload this many x capacity would have fired
+    # Per point, set by the sweep (None in config.json): the p90 E2EL of a lower rate not marked saturated.
+    reference_service_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.interval_s <= self.window_s:
@@ -92,6 +103,25 @@ class SaturationConfig:
             raise ValueError(
                 f"need ramp_quantile in [0, 100] and ramp_requests >= 1, got {self.ramp_quantile}, {self.ramp_requests}"
             )
+        if self.judge_ratio <= 1:
+            raise ValueError(f"need judge_ratio > 1, got {self.judge_ratio}")
+        if self.ramp_bound_factor <= 0 or (self.reference_service_s is not None and self.reference_service_s <= 0):
+            raise ValueError(f"need ramp_bound_factor > 0 and reference_service_s > 0, got {self.ramp_bound_factor}, "
+                             f"{self.reference_service_s}")
+
+    @property
+    def due_to_judge(self) -> int:
+        """Requests due past the ramp-up before a point that never fired is judged not saturated. At judge_ratio
+        x capacity the completions are due / r, and the deficit due x (1 - 1/r), whose noise is about
+        sqrt(due x (1 + 1/r)), clears noise_z of it with one more to spare (a one-sided 84 % chance to fire)
+        from (noise_z + 1)^2 x (1 + 1/r) / (1 - 1/r)^2 due requests on: 150 at 2x."""
+        r = self.judge_ratio
+        return math.ceil((self.noise_z + 1.0) ** 2 * (1.0 + 1.0 / r) / (1.0 - 1.0 / r) ** 2)
+
+    @property
+    def ramp_bound_s(self) -> float | None:
+        """The longest ramp-up the detector waits for; None without a reference (the first point of a sweep)."""
+        return None if self.reference_service_s is None else self.ramp_bound_factor * self.reference_service_s
 
 
 @dataclass(frozen=True)
@@ -159,8 +189,9 @@ class SaturationDetector:
         self.samples: list[SaturationSample] = []
         self.streak = 0
         self.fired: Saturation | None = None
-        self.judged = False  # a whole window past the ramp-up was seen: a point that never fired was judged
-        self.window_needed_s: float | None = None  # the last window length the rule asked for
+        self.judged = False  # enough requests came due past the ramp-up (config.due_to_judge), or it fired
+        self.ramp_s: float | None = None  # the last ramp-up length seen (None: its first requests never finished)
+        self.due_past_ramp = 0  # requests due in the last window
 
     def observe(self, sample: SaturationSample) -> Saturation | None:
         self.samples.append(sample)
@@ -169,7 +200,7 @@ class SaturationDetector:
         evidence = self._evaluate()
         self.streak = self.streak + 1 if evidence is not None else 0
         if evidence is not None and self.streak >= self.config.confirm:
-            self.fired = evidence
+            self.fired, self.judged = evidence, True
             return evidence
         return None
 
@@ -177,20 +208,20 @@ class SaturationDetector:
         cfg, last = self.config, self.samples[-1]
         if last.t < cfg.min_observe_s or last.ramp_s is None:
             return None
-        length = max(cfg.window_s, cfg.ramp_windows * last.ramp_s)
-        self.window_needed_s = length
-        window = [s for s in self.samples if s.t >= last.t - length - 1e-9]
+        self.ramp_s = last.ramp_s
+        window = [s for s in self.samples if s.t >= last.ramp_s - 1e-9]  # every sample past the ramp-up
+        if len(window) < 4 or last.t - window[0].t < cfg.window_s - 1e-9:
+            return None
         first = window[0]
         span = last.t - first.t
-        if len(window) < 4 or span < 0.5 * length or first.t < last.ramp_s:
-            return None  # too few samples, or the window still holds the ramp-up
-        self.judged = True
         due, finished = last.due - first.due, last.finished - first.finished
+        self.due_past_ramp = due
+        self.judged = self.judged or due >= cfg.due_to_judge
         deficit = due - finished  # = the in-flight count's rise over the window
         if due <= 0 or finished >= (1.0 - cfg.rate_margin) * due:
             return None
-        if deficit < cfg.noise_z * math.sqrt(2.0 * max(1, min(first.in_flight, due))):
-            return None  # within what a stable queue's in-flight count fluctuates by over the window
+        if deficit < cfg.noise_z * math.sqrt(due + finished):
+            return None  # within the noise of the arrival and completion counts
         offered, achieved = due / span, finished / span
         slope, t_stat = backlog_trend([s.t for s in window], [s.in_flight for s in window])
         if slope <= 0 or t_stat < cfg.min_t_stat:
@@ -220,12 +251,14 @@ def detect(samples: Sequence[SaturationSample], config: SaturationConfig) -> Sat
 
 class SaturationMonitor:
     """Samples one running point for the detector. `record_done` is called with every finished request, `watch`
-    runs beside the point's dispatch; with `config.stop`, `stopped` (a future) is set when the detector fires."""
+    runs beside the point's dispatch until its last send; with `config.stop`, `stopped` (a future) is set when
+    the detector fires."""
 
     def __init__(self, config: SaturationConfig, offsets: Sequence[float], t0: float) -> None:
         self.config = config
         self.offsets = np.sort(np.asarray(offsets, dtype=float))
         self.t0 = t0
+        self.send_end = float(self.offsets[-1]) if self.offsets.size else 0.0  # the point's last send
         self.detector = SaturationDetector(config)
         self.finished = 0
         self.new_ttfts: list[float] = []
@@ -243,28 +276,58 @@ class SaturationMonitor:
         if self.ramp_s is None and record.intended_send_time - self.t0 <= self.first_offset + 1e-9:
             self.first_e2els.append((record.end_time or time.perf_counter()) - record.send_time)
             if len(self.first_e2els) >= self.first_count:
-                self.ramp_s = float(np.percentile(self.first_e2els, self.config.ramp_quantile))
+                ramp = float(np.percentile(self.first_e2els, self.config.ramp_quantile))
+                bound = self.config.ramp_bound_s
+                self.ramp_s = ramp if bound is None else min(ramp, bound)
 
     def sample(self, now: float) -> SaturationSample:
         t = now - self.t0
+        bound = self.config.ramp_bound_s
+        if self.ramp_s is None and bound is not None and t >= self.first_offset + bound:
+            self.ramp_s = bound  # the first requests have been in flight longer than the bound: they queue
         ttfts, self.new_ttfts = self.new_ttfts, []
         due = int(np.searchsorted(self.offsets, t, side="right"))
         return SaturationSample(t, due, self.finished, _median(ttfts), self.ramp_s)
 
     async def watch(self) -> None:
-        """Sample on an absolute grid from t0 until cancelled (or until a stopping detector fires)."""
+        """Sample on an absolute grid from t0 until the last send (or until a stopping detector fires): a
+        draining point is not judged, its backlog only falls."""
         k = 1
         while True:
             await asyncio.sleep(max(0.0, self.t0 + k * self.config.interval_s - time.perf_counter()))
             k += 1
-            if self.detector.observe(self.sample(time.perf_counter())) is not None:
+            sample = self.sample(time.perf_counter())
+            if self.detector.observe(sample) is not None:
                 if self.config.stop and not self.stopped.done():
                     self.stopped.set_result(None)
+                return
+            if sample.t >= self.send_end:
                 return
 
     @property
     def fired(self) -> Saturation | None:
         return self.detector.fired
+
+    def result(self) -> dict:
+        """The detector's result for `saturation_fields` (the watch's caller adds what stopping did)."""
+        return {"fired": self.fired, "stopped": self.stopped.done(), "judged": self.detector.judged,
+                "due_past_ramp": self.detector.due_past_ramp, "due_to_judge": self.config.due_to_judge,
+                "judge_ratio": self.config.judge_ratio,
+                "ramp_s": self.ramp_s, "reference_service_s": self.config.reference_service_s,
+                "send_end_s": self.send_end}
+
+
+def service_time_p90(records: Sequence[RequestRecord]) -> float | None:
+    """The p90 E2EL (s) of a point's successful requests: a higher rate's reference service time."""
+    e2els = [r.e2el for r in records if r.success and r.e2el is not None]
+    return float(np.percentile(e2els, 90)) if e2els else None
+
+
+def reference_for(service_times: dict[float, float], rate: float) -> float | None:
+    """The reference service time for a point at `rate`: that of the highest lower rate not marked saturated
+    (one not judged is safe too: had it queued, its latency, and so the bound, would only be longer)."""
+    lower = [r for r in service_times if r < rate]
+    return service_times[max(lower)] if lower else None
 
 
 def applies(mode: str, rate: float, ramp: object, rate_curve: object, turns: int, client_procs: int) -> bool:
@@ -284,9 +347,12 @@ def saturation_fields(result: dict | None) -> dict:
         return {}
     fired: Saturation | None = result["fired"]
     if fired is None and not result.get("judged", True):
-        return {"saturated": None, "saturation": {"judged": False, "window_needed_s": result.get("window_needed_s")}}
-    if fired is None:
-        return {"saturated": False}
+        kept = ("ramp_s", "reference_service_s", "send_end_s", "due_past_ramp", "due_to_judge", "judge_ratio",
+                "service_p90_s")
+        return {"saturated": None, "saturation": {"judged": False, **{k: result.get(k) for k in kept}}}
+    if fired is None:  # judged, not saturated: what its window rested on, and its service time for higher rates
+        kept = ("ramp_s", "reference_service_s", "send_end_s", "due_past_ramp", "service_p90_s")
+        return {"saturated": False, "saturation": {"judged": True, **{k: result.get(k) for k in kept if k in result}}}
     evidence = {k: v for k, v in asdict(fired).items() if k != "at_s"}
     evidence.update({k: v for k, v in result.items() if k != "fired"})
     return {"saturated": True, "saturated_at_s": fired.at_s, "saturation": evidence}
@@ -311,10 +377,14 @@ def not_judged_message(point: dict) -> str | None:
     evidence = point.get("saturation") or {}
     if point.get("saturated") is not None or evidence.get("judged", True):
         return None
-    needed = evidence.get("window_needed_s")
-    window = f"its window of {needed:.0f} s (4 x the first requests' latency) " if needed else "its window "
-    return (f"{point['label']}: over-saturation not judged: the point ended before {window}past the ramp-up "
-            "closed; longer points (--duration) let the detector judge")
+    ramp, due, needed = evidence.get("ramp_s"), evidence.get("due_past_ramp"), evidence.get("due_to_judge")
+    if ramp is None:
+        why = "sending ended before its first requests had finished (their latency is the ramp-up it waits out)"
+    else:
+        ratio = evidence.get("judge_ratio") or 2.0
+        why = (f"{due} requests came due past its ramp-up ({ramp:.1f} s); telling a {ratio:g}x overload from "
+               f"noise takes {needed}")
+    return f"{point['label']}: over-saturation not judged: {why}; longer points (--duration) let the detector judge"
 
 
 def saturated_verdict(point: dict) -> bool | None:

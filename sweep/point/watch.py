@@ -18,7 +18,13 @@ import aiohttp
 from sweep.point.client import ClientConfig, PromptRequest
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointSpec, dispatch, not_sent_records
-from sweep.point.saturation import NOT_SENT_AT_STOP, STOPPED_ERROR, SaturationConfig, SaturationMonitor
+from sweep.point.saturation import (
+    NOT_SENT_AT_STOP,
+    STOPPED_ERROR,
+    SaturationConfig,
+    SaturationMonitor,
+    service_time_p90,
+)
 
 Send = Callable[[PromptRequest, float], Awaitable[RequestRecord | None]]
 
@@ -84,9 +90,9 @@ async def dispatch_watched(
         )
     finally:
         watcher.cancel()
-    detector = monitor.detector
-    result: dict[str, Any] = {"fired": monitor.fired, "stopped": monitor.stopped.done(), "judged": detector.judged,
-                              "window_needed_s": detector.window_needed_s}
+    result: dict[str, Any] = monitor.result()
+    if monitor.fired is None:
+        result["service_p90_s"] = service_time_p90(records)
     if monitor.stopped.done():
         result["cancelled"] = sum(r.error == STOPPED_ERROR for r in records)
     return records, result

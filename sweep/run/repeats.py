@@ -18,7 +18,7 @@ from typing import Any
 
 from sweep.point.benchmark_metrics import calculate_metrics
 from sweep.point.records import RequestRecord
-from sweep.point.saturation import is_saturated
+from sweep.point.saturation import is_saturated, saturated_verdict
 
 HEADLINE_FIELDS = (
     "duration",
@@ -74,7 +74,10 @@ def pooled_point(
     point["fidelity"] = {**first.get("fidelity", {}), "repeats": [p.get("fidelity", {}) for p in repeat_points]}
     judged = [p for p in repeat_points if "saturated" in p]  # rate points: saturated when any repeat was
     if judged:
-        point["saturated"] = any(is_saturated(p) for p in judged)
+        verdicts = [saturated_verdict(p) for p in judged]
+        point["saturated"] = True if True in verdicts else False if False in verdicts else None
+        if point["saturated"] is None:  # no repeat was judged
+            point["saturation"] = {"judged": False}
         if point["saturated"]:
             earliest = min((p for p in judged if is_saturated(p)), key=lambda p: p["saturated_at_s"])
             point["saturated_at_s"] = earliest["saturated_at_s"]

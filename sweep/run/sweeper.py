@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,15 @@ from sweep.point.point_fields import extra_point_fields, point_window
 from sweep.point.prompts import build_prompts, check_slo_classes
 from sweep.point.records import RequestRecord
 from sweep.point.runner import PointRun, PointSpec, run_point
-from sweep.point.saturation import is_saturated, not_judged_message, saturation_fields, saturation_message
+from sweep.point.saturation import (
+    SaturationConfig,
+    is_saturated,
+    not_judged_message,
+    reference_for,
+    saturated_verdict,
+    saturation_fields,
+    saturation_message,
+)
 from sweep.point.steady_state import windowed_point
 from sweep.run import results
 from sweep.run.launcher import ServerProcess, launch
@@ -56,6 +64,8 @@ class Sweeper:
         self.salt = uuid.uuid4().hex[:12]
         self.calibration = calibration
         self._header_printed = False
+        # rate -> p90 E2EL (s) of the rate points not marked saturated: the detector's ramp-up bound at higher rates
+        self._service_times: dict[float, float] = {}
 
     def __enter__(self) -> Sweeper:
         return self.open()
@@ -183,10 +193,12 @@ class Sweeper:
             point = self.writer.load_point(spec.label)
             self.console.print(f"[dim]{spec.label}: already measured, kept[/dim]")
             self._print_row(point)
+            self._note_service_time(point)
             return point
         run = self._run_point(spec)
         self._check_server_alive()
         point = self.point_dict(run)
+        self._note_service_time(point)
         if run.extras.get("pool_exhausted"):
             self.console.print(
                 f"[yellow]{spec.label}: all {len(run.prompts)} prompts were sent before --duration ended; "
@@ -229,8 +241,18 @@ class Sweeper:
                 client_procs=self.config.client_procs,
                 on_done=lambda: progress.advance(task),
                 server_metrics=self.config.server_metrics,
-                saturation=self.config.saturation,
+                saturation=self._saturation_config(spec.rate),
             )
+
+    def _saturation_config(self, rate: float) -> SaturationConfig:
+        """The detector's constants, with this point's reference service time (sweep.point.saturation)."""
+        reference = reference_for(self._service_times, rate)
+        return replace(self.config.saturation, reference_service_s=reference)
+
+    def _note_service_time(self, point: dict[str, Any]) -> None:
+        evidence = point.get("saturation") or {}
+        if saturated_verdict(point) is not True and evidence.get("service_p90_s"):
+            self._service_times[float(point["request_rate"])] = float(evidence["service_p90_s"])
 
     def measure_repeat(self, value: float, repeat: int) -> dict[str, Any]:
         """Run one repeat of one point (or reload it on resume); publishes the pooled point after its last repeat."""
@@ -246,6 +268,7 @@ class Sweeper:
             self.writer.write_repeat(point, repeat, [r.to_row(spec.label) for r in run.records])
             if self.server is None and point["failed"]:
                 check_target_healthy(self.client.url, f"{spec.label} repeat {repeat}", point["failed"])
+        self._note_service_time(point)
         self._print_row({**point, "label": f"{spec.label}.r{repeat}"})
         done = self.writer.finished_repeats()
         if spec.label not in self.writer.finished_labels() and all(

@@ -28,22 +28,23 @@ from sweep.run.search import point_counts
 from sweep.run.sweeper import SweepConfig, Sweeper
 
 TTFT_MS, ITL_MS, OUTPUT_LEN, SLOTS = 20.0, 5.0, 20, 4
-# a short window for a short test (the defaults take 10 s to judge); the rule is the same
-FAST = dict(interval_s=0.25, window_s=1.5, min_observe_s=1.0, confirm=2)
+# a short window for a short test (the defaults take 10 s to judge); the rule is the same. A 4 s point at 17
+# req/s has ~60 requests due past its ramp-up: enough to judge at 10x capacity (34), not at the default 2x (150).
+FAST = dict(interval_s=0.25, window_s=1.5, min_observe_s=1.0, confirm=2, judge_ratio=10.0)
 
 
 def sweep_config(url: str, out: Path, values: list[float], stop: bool, **overrides: object) -> SweepConfig:
     fields: dict = dict(
         output_dir=out, mode="rate", values=values, url=url, model="mock", tokenizer="tiny-random",
         workload=WorkloadConfig(workload="fixed", input_len=8, output_len=OUTPUT_LEN, seed=1),
-        num_prompts=None, duration=2.5, slo={"ttft_ms": 1000.0}, command="bench sweep (test)",
+        num_prompts=None, duration=4.0, slo={"ttft_ms": 1000.0}, command="bench sweep (test)",
         saturation=SaturationConfig(stop=stop, **FAST),
     )
     fields.update(overrides)
     return SweepConfig(**fields)
 
 
-@pytest.mark.slow  # ~5 s of points; loading the tokenizer (transformers) adds ~8 s on a loaded 2-core machine
+@pytest.mark.slow  # ~7 s of points; loading the tokenizer (transformers) adds ~8 s on a loaded 2-core machine
 def test_a_saturated_point_stops_early_and_higher_loads_are_skipped(tmp_path: Path) -> None:
     capacity = MockConfig(ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=SLOTS).capacity_rps(OUTPUT_LEN)  # 34.8
     server = start_mock(TTFT_MS, ITL_MS, tmp_path / "mock.log")
@@ -53,10 +54,13 @@ def test_a_saturated_point_stops_early_and_higher_loads_are_skipped(tmp_path: Pa
         with Sweeper(sweep_config(server.url, out, [17, 70, 140], stop=True), console) as sweeper:
             below, above = sweeper.run()  # 0.5x, 2x and 4x the capacity
         assert below["saturated"] is False and "saturated_at_s" not in below and below["failed"] == 0
-        assert above["saturated"] is True and above["saturated_at_s"] < 2.4  # before the point's 2.5 s were up
+        assert above["saturated"] is True and above["saturated_at_s"] < 3.9  # before the point's 4 s were up
         evidence = above["saturation"]
         # completions at most the capacity (less when the shared test machine slows the mock), well below the offer
         assert evidence["achieved_rps"] < 1.15 * capacity < 0.9 * evidence["offered_rps"] and evidence["stopped"]
+        # the ramp-up above was bounded by the service time measured below
+        assert evidence["reference_service_s"] == below["saturation"]["service_p90_s"] > 0
+        assert evidence["ramp_s"] <= 2 * evidence["reference_service_s"]
         assert above["duration"] < above["saturated_at_s"] + 0.5  # ended at the stop, not after a drain
         rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
         cancelled = [r for r in rows if r["label"] == "r0070.00" and r["error"] == STOPPED_ERROR]
@@ -122,4 +126,8 @@ def test_a_repeated_point_is_saturated_when_any_repeat_was() -> None:
     assert pooled["saturated"] is True and pooled["saturated_at_s"] == 1.5
     assert pooled["saturation"] == {"offered_rps": 10.0, "repeats": [None, 1.5]}
     assert pooled_point([calm, calm], [], [50.0], None, False)["saturated"] is False
+    unjudged = {"label": "r0010.00", "duration": 2.0, "saturated": None, "saturation": {"judged": False}}
+    assert pooled_point([calm, unjudged], [], [50.0], None, False)["saturated"] is False
+    none = pooled_point([unjudged, unjudged], [], [50.0], None, False)
+    assert none["saturated"] is None and none["saturation"] == {"judged": False}  # no repeat judged: not "no"
     assert "saturated" not in pooled_point([{"label": "c0001", "duration": 1.0}], [], [50.0], None, False)
