@@ -136,6 +136,13 @@ def tune(
     steady_window: str | None = typer.Option(
         None, help="auto: judge every point by its detected steady window (bench sweep --steady-window auto)."
     ),
+    warmup_seconds: float = typer.Option(
+        0.0, help="Judge every point by its steady window: leave out its first S seconds (bench sweep "
+        "--warmup-seconds)."
+    ),
+    cooldown_seconds: float = typer.Option(
+        0.0, help="... and its last S seconds, the drain (bench sweep --cooldown-seconds)."
+    ),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
         "are infeasible, cause quality (measured with `bench check quality` once per weight and KV-cache dtype "
@@ -227,6 +234,7 @@ def tune(
             num_prompts=num_prompts if num_prompts is not None or duration is not None else 32, duration=duration,
             num_warmups=num_warmups, endpoint=endpoint, seed=seed, tokenizer=tokenizer, slo=slo_ms, load_mode=mode,
             cost_per_hour=cost_per_hour, gpus_per_instance=gpus_per_instance, steady_window=steady_window,
+            warmup_seconds=warmup_seconds, cooldown_seconds=cooldown_seconds,
             **shape.workload_fields(), **shape.sweep_fields(),
         )  # fmt: skip
         check_trial_sweep(trial_workload, load)  # the sweep's own checks of the shape, once

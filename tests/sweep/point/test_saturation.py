@@ -154,14 +154,14 @@ def test_a_long_ramp_up_is_not_saturation() -> None:
     assert len(overloaded) == 20 and max(overloaded) <= 29.0
 
 
-@pytest.mark.parametrize("rho,fired", [(0.5, 0), (0.8, 0), (0.9, 1), (0.95, 4)])
+@pytest.mark.parametrize("rho,fired", [(0.5, 0), (0.8, 0), (0.9, 0), (0.95, 4)])
 def test_a_batching_server_below_capacity(rho: float, fired: int) -> None:
     """Its in-flight count wanders far (each extra request slows the others), and near capacity its ramp-up to
     the level lasts minutes: the false-positive counts in 100 points of 120 s the docs state."""
     assert len(fired_times([batching_samples(rho, seed, 120.0) for seed in range(100)])) == fired
 
 
-@pytest.mark.parametrize("rho,within_s", [(1.5, 57.0), (2.0, 29.0), (3.0, 26.0)])
+@pytest.mark.parametrize("rho,within_s", [(1.5, 57.5), (2.0, 33.5), (3.0, 33.5)])
 def test_a_batching_server_above_capacity(rho: float, within_s: float) -> None:
     times = fired_times([batching_samples(rho, seed, 60.0) for seed in range(TRIALS)])
     assert len(times) == TRIALS and max(times) <= within_s
@@ -169,10 +169,10 @@ def test_a_batching_server_above_capacity(rho: float, within_s: float) -> None:
 
 def test_the_ramp_bound_is_what_catches_a_batching_server_far_past_capacity() -> None:
     """At 3x its first requests queue from the start: their latency, the unbounded ramp-up, outlasts most 60 s
-    points; bounded by the service time of a load below capacity, every point is caught by 26 s."""
+    points; bounded by the service time of a load below capacity, every point is caught by 33.5 s."""
     unbounded = fired_times([batching_samples(3.0, seed, 60.0, bounded=False) for seed in range(TRIALS)])
     assert len(unbounded) == 2
-    assert len(fired_times([batching_samples(1.2, seed, 60.0) for seed in range(TRIALS)])) == 22  # slow growth
+    assert len(fired_times([batching_samples(1.2, seed, 60.0) for seed in range(TRIALS)])) == 18  # slow growth
 
 
 def test_the_documented_weak_spot_a_few_requests_a_second() -> None:
@@ -259,13 +259,13 @@ def test_a_point_too_short_to_tell_is_not_judged_rather_than_not_saturated() -> 
 
 
 def test_the_monitor_bounds_the_ramp_up_and_stops_at_the_last_send() -> None:
-    """The first requests still in flight at the bound (2 x the reference) end the ramp-up there; finished
+    """The first requests still in flight at the bound (3 x the reference) end the ramp-up there; finished
     first requests slower than the bound are capped by it; the watch returns at the last send."""
     async def run() -> None:
         offsets = [0.01 * i for i in range(30)]
         bounded = SaturationMonitor(SaturationConfig(reference_service_s=1.0), offsets, t0=100.0)
-        assert bounded.sample(100.0 + 0.19 + 1.9).ramp_s is None  # the 20th request was due at 0.19 s
-        assert bounded.sample(100.0 + 0.19 + 2.01).ramp_s == 2.0
+        assert bounded.sample(100.0 + 0.19 + 2.9).ramp_s is None  # the 20th request was due at 0.19 s
+        assert bounded.sample(100.0 + 0.19 + 3.01).ramp_s == 3.0
         unbounded = SaturationMonitor(SaturationConfig(), offsets, t0=100.0)
         assert unbounded.sample(200.0).ramp_s is None  # no reference: it waits for the first requests
         for i in range(20):
@@ -276,7 +276,7 @@ def test_the_monitor_bounds_the_ramp_up_and_stops_at_the_last_send() -> None:
         for i in range(20):
             capped.record_done(RequestRecord(i, 1, 1, 100.0 + offsets[i], send_time=100.0 + offsets[i],
                                              success=True, end_time=105.0 + offsets[i]))
-        assert capped.ramp_s == 2.0
+        assert capped.ramp_s == 3.0
         fast = SaturationConfig(interval_s=0.02, window_s=0.08, min_observe_s=0.0)
         monitor = SaturationMonitor(fast, [0.0, 0.1], t0=time.perf_counter())
         await asyncio.wait_for(monitor.watch(), timeout=2.0)  # returns once the last send (0.1 s) has passed

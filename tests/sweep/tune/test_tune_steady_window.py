@@ -34,3 +34,21 @@ def test_a_bad_steady_window_is_a_usage_error(tmp_path: Path) -> None:
                                       "--output-dir", str(tmp_path / "study")])
     assert result.exit_code == 2 and "--steady-window takes 'auto'" in result.output
     assert not (tmp_path / "study").exists()
+
+
+def test_a_fixed_steady_window_reaches_every_trial_sweep() -> None:
+    workload = TrialWorkload(model="mock", tokenizer="tiny-random", workload="fixed", input_len=8, output_len=8,
+                             num_prompts=24, slo={"ttft_ms": 5000.0}, warmup_seconds=5.0, cooldown_seconds=2.0)
+    config = workload.sweep_config(Path("trial"), "http://127.0.0.1/v1", {})
+    assert (config.warmup_seconds, config.cooldown_seconds) == (5.0, 2.0)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--warmup-seconds", "-1"], "--warmup-seconds and --cooldown-seconds must be >= 0"),
+    (["--cooldown-seconds", "5", "--steady-window", "auto"], "--steady-window auto"),
+])
+def test_bad_steady_window_seconds_are_usage_errors(tmp_path: Path, flags: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["tune", "--slo", "ttft=500", "--model", "tiny-random", *flags,
+                                      "--output-dir", str(tmp_path / "study")])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "study").exists()
