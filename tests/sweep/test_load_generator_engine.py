@@ -104,3 +104,25 @@ def test_the_shipped_prompt_set_reaches_the_engine_as_text(engine_url: str, tmp_
     assert all(r["prompt_tokens"] == r["requested_input_len"] for r in rows)
     assert all(r["output_tokens"] == r["requested_output_len"] for r in rows)  # the file's output lengths
     assert len({r["requested_input_len"] for r in rows}) > 1
+
+
+def test_the_max_load_search_with_repeats_a_confidence_and_the_auto_window(engine_url: str, tmp_path: Path) -> None:
+    """`--max-load-under-slo --repeats 2 --confidence 0.9 --steady-window auto` with a TTFT limit no request meets
+    (1 us): the first load is measured twice and judged on its pooled counts by a Wilson interval, every point by
+    its detected window (or whole, said so), and the answer is "none", an interval open below 1."""
+    out = tmp_path / "run"
+    _sweep(engine_url, out, "--workload", "fixed", "--input-len", "16", "--output-len", "16", "--concurrency", "1",
+           "--max-load-under-slo", "--repeats", "2", "--confidence", "0.9", "--num-prompts", "8",
+           "--steady-window", "auto", "--slo", "ttft=0.001", "--num-warmups", "0")  # fmt: skip
+    search = json.loads((out / "search.json").read_text())
+    assert search["confidence"] == 0.9 and search["best"] is None and search["max_load_interval"] == [None, 1]
+    from sweep.run.search import wilson_interval
+
+    (probe,) = search["probes"]
+    assert probe["value"] == 1 and len(probe["measurements"]) == 2 and probe["labels"] == ["c0001", "c0001-rep1"]
+    assert probe["good"] == 0 and probe["verdict"] == "fail"
+    assert 0 < probe["judged"] <= 16  # those in the points' steady windows, when one was found
+    assert (probe["ci_low"], probe["ci_high"]) == pytest.approx(wilson_interval(0, probe["judged"], 0.9))
+    for label in probe["labels"]:
+        point = json.loads((out / "points" / f"{label}.json").read_text())
+        assert point["window"] == "full" or (point["window"] == "steady" and point["window_rule"] == "auto")
