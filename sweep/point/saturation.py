@@ -330,9 +330,11 @@ def service_time_p90(records: Sequence[RequestRecord]) -> float | None:
     return float(np.percentile(e2els, 90)) if e2els else None
 
 
-def reference_for(service_times: dict[float, float], rate: float) -> float | None:
+def reference_for(service_times: dict[float, float], rate: float | None) -> float | None:
     """The reference service time for a point at `rate`: that of the highest lower rate not marked saturated
     (one not judged is safe too: had it queued, its latency, and so the bound, would only be longer)."""
+    if rate is None or not math.isfinite(rate):
+        return None
     lower = [r for r in service_times if r < rate]
     return service_times[max(lower)] if lower else None
 

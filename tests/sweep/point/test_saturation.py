@@ -289,6 +289,7 @@ def test_the_monitor_bounds_the_ramp_up_and_stops_at_the_last_send() -> None:
 def test_the_reference_is_the_highest_lower_rate_and_its_service_time() -> None:
     assert reference_for({1.0: 4.3, 2.0: 6.3}, 4.0) == 6.3 and reference_for({1.0: 4.3, 2.0: 6.3}, 2.0) == 4.3
     assert reference_for({2.0: 6.3}, 1.0) is None and reference_for({}, 8.0) is None
+    assert reference_for({2.0: 6.3}, None) is None and reference_for({2.0: 6.3}, float("inf")) is None
     records = [RequestRecord(i, 1, 1, 0.0, send_time=0.0, success=i < 10, last_token_time=float(i + 1))
                for i in range(12)]
     assert service_time_p90(records) == pytest.approx(float(np.percentile(np.arange(1, 11), 90)))
