@@ -47,6 +47,13 @@ SHARED_OPTIONS: dict[str, OptionSpec] = {
     "num_prompts": OptionSpec(None, "Requests per point (default 200 unless --duration).", LOAD_PANEL),
     "duration": OptionSpec(None, "Seconds of sending per point.", LOAD_PANEL),
     "num_warmups": OptionSpec(0, "Warm-up requests per point (distinct prompts, not measured).", LOAD_PANEL),
+    "warmup_seconds": OptionSpec(
+        0.0, "Steady-state window: the point's figures leave out its first S seconds (the whole point's are kept "
+        "under `full`).", LOAD_PANEL,
+    ),
+    "cooldown_seconds": OptionSpec(
+        0.0, "Steady-state window: the point's figures leave out its last S seconds (the drain).", LOAD_PANEL
+    ),
     "max_load_under_slo": OptionSpec(
         False, "Search the largest load meeting --attainment.", LOAD_PANEL, ("--max-load-under-slo",)
     ),

@@ -197,8 +197,12 @@ class SaturationDetector:
         self.streak = 0
         self.fired: Saturation | None = None
         self.judged = False  # enough requests came due past the ramp-up (config.due_to_judge), or it fired
-        self.ramp_s: float | None = None  # the last ramp-up length seen (None: its first requests never finished)
         self.due_past_ramp = 0  # requests due in the last window
+
+    @property
+    def ramp_s(self) -> float | None:
+        """The last ramp-up length seen (None: its first requests never finished, nor did the bound pass)."""
+        return self.samples[-1].ramp_s if self.samples else None
 
     def observe(self, sample: SaturationSample) -> Saturation | None:
         self.samples.append(sample)
@@ -215,7 +219,6 @@ class SaturationDetector:
         cfg, last = self.config, self.samples[-1]
         if last.t < cfg.min_observe_s or last.ramp_s is None:
             return None
-        self.ramp_s = last.ramp_s
         window = [s for s in self.samples if s.t >= last.ramp_s - 1e-9]  # every sample past the ramp-up
         if len(window) < 4 or last.t - window[0].t < cfg.window_s - 1e-9:
             return None
@@ -347,6 +350,10 @@ def applies(mode: str, rate: float, ramp: object, rate_curve: object, turns: int
     )
 
 
+# What a point that never fired keeps of the detector's result: its window's basis and its own service time.
+_WINDOW_FIELDS = ("ramp_s", "reference_service_s", "send_end_s", "due_past_ramp", "service_p90_s")
+
+
 def saturation_fields(result: dict | None) -> dict:
     """The point fields: `saturated`, `saturated_at_s` and the evidence, from the runner's extras entry
     (`{"fired": Saturation | None, "stopped": bool, "judged": bool, ...}`); no fields for a point the detector
@@ -356,12 +363,11 @@ def saturation_fields(result: dict | None) -> dict:
         return {}
     fired: Saturation | None = result["fired"]
     if fired is None and not result.get("judged", True):
-        kept = ("ramp_s", "reference_service_s", "send_end_s", "due_past_ramp", "due_to_judge", "judge_ratio",
-                "service_p90_s")
-        return {"saturated": None, "saturation": {"judged": False, **{k: result.get(k) for k in kept}}}
+        kept = {k: result.get(k) for k in (*_WINDOW_FIELDS, "due_to_judge", "judge_ratio")}
+        return {"saturated": None, "saturation": {"judged": False, **kept}}
     if fired is None:  # judged, not saturated: what its window rested on, and its service time for higher rates
-        kept = ("ramp_s", "reference_service_s", "send_end_s", "due_past_ramp", "service_p90_s")
-        return {"saturated": False, "saturation": {"judged": True, **{k: result.get(k) for k in kept if k in result}}}
+        kept = {k: result[k] for k in _WINDOW_FIELDS if k in result}
+        return {"saturated": False, "saturation": {"judged": True, **kept}}
     evidence = {k: v for k, v in asdict(fired).items() if k != "at_s"}
     evidence.update({k: v for k, v in result.items() if k != "fired"})
     return {"saturated": True, "saturated_at_s": fired.at_s, "saturation": evidence}

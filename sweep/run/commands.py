@@ -36,15 +36,8 @@ def sweep(
     load: LoadOptions,
     shape: LoadShape,
     num_warmups: int = shared_option("num_warmups"),
-    warmup_seconds: float = typer.Option(
-        0.0, help="Steady-state window: the point's figures leave out its first S seconds (the whole point's are "
-        "kept under `full`).",
-        rich_help_panel=LOAD_PANEL,
-    ),
-    cooldown_seconds: float = typer.Option(
-        0.0, help="Steady-state window: the point's figures leave out its last S seconds (the drain).",
-        rich_help_panel=LOAD_PANEL,
-    ),
+    warmup_seconds: float = shared_option("warmup_seconds"),
+    cooldown_seconds: float = shared_option("cooldown_seconds"),
     steady_window: str | None = typer.Option(
         None, help="auto: detect each point's steady window (the longest span whose in-flight count stays within "
         "25 % of its median; docs/SWEEP.md) and report its figures, as --warmup/--cooldown-seconds do.",

@@ -136,13 +136,8 @@ def tune(
     steady_window: str | None = typer.Option(
         None, help="auto: judge every point by its detected steady window (bench sweep --steady-window auto)."
     ),
-    warmup_seconds: float = typer.Option(
-        0.0, help="Judge every point by its steady window: leave out its first S seconds (bench sweep "
-        "--warmup-seconds)."
-    ),
-    cooldown_seconds: float = typer.Option(
-        0.0, help="... and its last S seconds, the drain (bench sweep --cooldown-seconds)."
-    ),
+    warmup_seconds: float = shared_option("warmup_seconds"),
+    cooldown_seconds: float = shared_option("cooldown_seconds"),
     max_quality_loss: str | None = typer.Option(
         None, help="Largest perplexity increase over the unquantized model, e.g. 2% or 0.02: configurations over it "
         "are infeasible, cause quality (measured with `bench check quality` once per weight and KV-cache dtype "
